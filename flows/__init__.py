@@ -1,0 +1,1 @@
+"""HOW the steps compose: the train / evaluate flows, the run config, the CLI."""

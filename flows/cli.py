@@ -1,0 +1,122 @@
+"""The `teamrl` command line: train, eval, runs list / show."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flows.config import ConfigError, load_config, preset_names
+
+app = typer.Typer(help="Fine-tune teams of LLM agents with reinforcement learning.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 2):
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+def _show_table(df, title: str) -> None:
+    from flows.report import compact, fmt
+
+    df = compact(df)
+    t = Table(title=title)
+    for c in df.columns:
+        t.add_column(str(c), justify="right")
+    for row in df.itertuples(index=False):
+        t.add_row(*[fmt(v) for v in row])
+    console.print(t)
+
+
+@app.command()
+def train(
+    preset: str = typer.Argument(..., help=f"preset name ({', '.join(preset_names())}) or a YAML file"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="more key=value overrides"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a config field: --set seed=3"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used)"),
+):
+    """Train a team with a preset (or YAML file), e.g. `teamrl train tiny --set iterations=2`."""
+    try:
+        cfg = load_config(preset, (set_ or []) + (overrides or []))
+    except ConfigError as e:
+        _fail(str(e))
+    from flows.report import run_table
+    from flows.train import train as train_flow
+    from infra.runs import RunLockedError
+
+    try:
+        run_dir = train_flow(config=cfg, resume=resume)
+    except (FileExistsError, FileNotFoundError, RunLockedError) as e:
+        _fail(str(e))
+    console.print(f"[green]run finished:[/] {run_dir}")
+    _show_table(run_table(run_dir), Path(run_dir).name)
+
+
+@app.command("eval")
+def eval_cmd(
+    run_id: str = typer.Argument(..., help="run id (or run folder)"),
+    iteration: Optional[int] = typer.Option(None, help="policy iteration to evaluate (default: the latest)"),
+    runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
+):
+    """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval."""
+    from flows.evaluate import evaluate
+    from infra import runs, store
+
+    try:
+        run_dir = runs.find_run(runs_dir, run_id)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    if iteration is None:
+        up = store.read_table(run_dir, "updates") if (run_dir / "updates").is_dir() else None
+        iteration = int(up["iteration"].max()) if up is not None and len(up) else 0
+    with runs.run_lock(run_dir):
+        m = evaluate(str(run_dir), iteration)
+    t = Table(title=f"{run_dir.name}: held-out evaluation at iteration {iteration}")
+    t.add_column("metric"), t.add_column("value", justify="right")
+    for k, v in m.items():
+        t.add_row(k, f"{v:.3f}")
+    console.print(t)
+
+
+@runs_app.command("list")
+def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs")):
+    """List runs, oldest first."""
+    from infra import runs
+
+    t = Table(title=f"runs in {runs_dir}")
+    for c in ("run_id", "preset", "iterations", "seed"):
+        t.add_column(c)
+    for rid in runs.list_runs(runs_dir):
+        c = runs.read_run_config(Path(runs_dir) / rid)
+        t.add_row(rid, str(c.get("preset")), str(c.get("iterations")), str(c.get("seed")))
+    console.print(t)
+
+
+@runs_app.command("show")
+def runs_show(run_id: str = typer.Argument(...), runs_dir: str = typer.Option("runs", "--dir")):
+    """Per-iteration table of a run: success, coach score and loss per agent."""
+    from flows.report import run_table
+    from infra import runs
+
+    try:
+        run_dir = runs.find_run(runs_dir, run_id)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    _show_table(run_table(run_dir), run_dir.name)
+
+
+def main():  # pragma: no cover
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

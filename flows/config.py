@@ -1,0 +1,119 @@
+"""The run config: each component's own pydantic model composed into one, loaded from a YAML preset
+and overridden with `--set key=value`. Errors name the field and nothing is written."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.generation import EnginesConfig
+from infra.models import ModelConfig
+from pipelines import PipelineConfig
+from tasks.algorithm import AlgorithmConfig
+from tasks.coach import CoachConfig
+from tasks.collect_rollouts import RolloutConfig
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+class RunSettings(BaseModel):
+    """Where a run's files and tracking go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str = Field("runs", description="folder holding one sub-folder per run (and the MLflow database)")
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                           description="run id (default: <preset>-<timestamp>-<random>)")
+    experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)")
+    mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
+
+
+class RunConfig(BaseModel):
+    """Everything a training run needs; the resolved copy is saved as runs/<run_id>/config.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = Field("custom", description="name of the preset this config came from")
+    seed: int = Field(0, ge=0, description="the same seed gives the same tables")
+    iterations: int = Field(2, ge=0, le=100000, description="training iterations")
+    evaluate: bool = Field(True, description="evaluate on the held-out split before the first and after the "
+                           "last iteration")
+    run: RunSettings = Field(default_factory=RunSettings)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    coach: CoachConfig = Field(default_factory=CoachConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the field."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def _set(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        nxt = d.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: `{k}` is a value, not a section")
+        d = nxt
+    d[keys[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for it in items:
+        if "=" not in it or not it.split("=", 1)[0].strip():
+            raise ConfigError(f"override {it!r}: expected key=value, e.g. --set seed=3")
+        k, v = it.split("=", 1)
+        try:
+            val = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:
+            val = v
+        out.append((k.strip(), val))
+    return out
+
+
+def _format(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        got = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and "input" in err and \
+            not isinstance(err["input"], dict) else ""
+        lines.append(f"{where}: {msg}{got}")
+    return "invalid config: " + "; ".join(lines)
+
+
+def validate(raw: dict) -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
+    """Load a preset by name (flows/presets/<name>.yaml) or a YAML path, then apply overrides."""
+    path = Path(preset)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = PRESETS / f"{preset}.yaml"
+        if not path.exists():
+            raise ConfigError(f"no preset or YAML file {preset!r}; presets: {', '.join(preset_names())}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw.setdefault("preset", path.stem)
+    for k, v in parse_overrides(overrides or []):
+        _set(raw, k, v)
+    return validate(raw)

@@ -1,0 +1,1 @@
+"""WHERE teamrl runs: engines, trainers, the trajectory store, tracking, sandbox, model loading."""

@@ -1,0 +1,114 @@
+"""The HF generation engine: batched sampling that returns token ids with their log-probs, and
+batched log-prob scoring of given responses (for the reference policy and for training)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EnginesConfig(BaseModel):
+    """Where generation and training run. CPU defaults; GPU engines plug in behind the same calls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: Literal["hf"] = Field("hf", description="generation engine: `hf` (transformers generate)")
+    trainer: Literal["torch"] = Field("torch", description="trainer: `torch` (plain PyTorch + AdamW)")
+    runner: Literal["local"] = Field("local", description="where tasks run: `local` (this process)")
+    batch_size: int = Field(16, ge=1, description="sequences per generate / forward call")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default)")
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    truncated: bool  # hit max_new_tokens without an end-of-turn token
+
+
+def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, n - len(s):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+             greedy: bool = False, batch_size: int = 16, stop_ids: list[int] | None = None) -> list[Generation]:
+    """Sample one response per prompt. Log-probs are of the raw (untempered) policy."""
+    stop = set(stop_ids or [tokenizer.eos_token_id])
+    out: list[Generation] = []
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
+    results: dict[int, Generation] = {}
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        ids, mask = _left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=not greedy, temperature=temperature if not greedy else None,
+                             top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
+                             output_logits=True, return_dict_in_generate=True)
+        new = gen.sequences[:, ids.shape[1]:]
+        logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float(), dim=-1)
+        chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        for row, i in enumerate(idx):
+            toks = new[row].tolist()
+            end = next((k + 1 for k, t in enumerate(toks) if t in stop), None)
+            n = end if end is not None else len(toks)
+            resp = toks[:n]
+            results[i] = Generation(prompt_ids=list(prompts[i]), response_ids=resp,
+                                    logprobs=chosen[row, :n].tolist(),
+                                    text=tokenizer.decode(resp, skip_special_tokens=True),
+                                    truncated=end is None)
+    out = [results[i] for i in range(len(prompts))]
+    return out
+
+
+def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Log-probs of each response token given its prompt, as a [B, R_max] tensor (0 past each end).
+
+    Prompts are left-padded and responses right-padded so all responses start in the same column;
+    only the response positions' logits are computed. Keeps the autograd graph (use no_grad to score).
+    """
+    ids_p, mask_p = _left_pad(prompts, pad_id)
+    r_max = max(1, max(len(r) for r in responses))
+    ids_r = torch.full((len(responses), r_max), pad_id, dtype=torch.long)
+    mask_r = torch.zeros((len(responses), r_max), dtype=torch.long)
+    for i, r in enumerate(responses):
+        ids_r[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask_r[i, :len(r)] = 1
+    ids = torch.cat([ids_p, ids_r], dim=1)
+    mask = torch.cat([mask_p, mask_r], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r_max + 1).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    tok = logp.gather(-1, ids_r.unsqueeze(-1)).squeeze(-1)
+    return tok * mask_r
+
+
+@torch.no_grad()
+def score_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                   batch_size: int = 16) -> list[list[float]]:
+    """Batched, gradient-free response log-probs as ragged lists."""
+    out: list[list[float]] = [[] for _ in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        lp = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+        for row, i in enumerate(idx):
+            out[i] = lp[row, :len(responses[i])].tolist()
+    return out
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat rendered with the model's template, ending with the assistant header."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,129 @@
+"""A team's weights: one frozen base model plus each agent's own trainable weights (a peft LoRA
+adapter per agent, or a full copy per agent), with versioned checkpoints on disk."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from infra.models import ModelConfig, load_base, load_tokenizer
+
+
+class TeamPolicy:
+    """Long-lived: built once per process and run, then moved between checkpoint versions."""
+
+    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0):
+        self.cfg, self.agents = cfg, list(agents)
+        self.tokenizer = load_tokenizer(cfg)
+        base = load_base(cfg, self.tokenizer, seed)
+        self.versions = {a: 0 for a in self.agents}
+        if cfg.weights == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                            target_modules=cfg.lora_targets, bias="none", task_type="CAUSAL_LM")
+            torch.manual_seed(seed)
+            self.model = get_peft_model(base, lc, adapter_name=self.agents[0])
+            for a in self.agents[1:]:
+                self.model.add_adapter(a, lc)
+            self.model.eval()
+            self._params = {a: [p for n, p in self.model.named_parameters() if "lora_" in n and f".{a}." in n]
+                            for a in self.agents}
+        else:
+            self.model = base
+            self.copies = {a: copy.deepcopy(base) for a in self.agents}
+            self._params = {a: list(m.parameters()) for a, m in self.copies.items()}
+        for a in self.agents:
+            for p in self._params[a]:
+                p.requires_grad_(True)
+
+    # -- which weights are active -------------------------------------------------------------
+    @contextmanager
+    def acting(self, agent: str):
+        """The module that computes agent `agent`'s policy."""
+        if agent not in self.versions:
+            raise KeyError(f"unknown agent {agent!r}; team is {self.agents}")
+        if self.cfg.weights == "lora":
+            self.model.set_adapter(agent)
+            for a in self.agents:  # set_adapter may toggle requires_grad; keep every adapter trainable
+                for p in self._params[a]:
+                    p.requires_grad_(True)
+            yield self.model
+        else:
+            yield self.copies[agent]
+
+    @contextmanager
+    def reference(self):
+        """The frozen reference policy (the base: adapters disabled)."""
+        if self.cfg.weights == "lora":
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            yield self.model
+
+    def parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        return self._params[agent]
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _state(self, agent: str) -> dict[str, torch.Tensor]:
+        if self.cfg.weights == "lora":
+            from peft import get_peft_model_state_dict
+
+            return get_peft_model_state_dict(self.model, adapter_name=agent)
+        return self.copies[agent].state_dict()
+
+    def save(self, run_dir: str | Path, agent: str, version: int, extra: dict | None = None,
+             optimizer_state: dict | None = None) -> Path:
+        """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer."""
+        from safetensors.torch import save_file
+
+        root = Path(run_dir) / "checkpoints" / agent
+        final = root / f"v{version:04d}"
+        tmp = root / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir(parents=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
+        if self.cfg.weights == "lora":
+            save_file(state, tmp / "adapter_model.safetensors")
+            self.model.peft_config[agent].save_pretrained(tmp)
+        else:
+            save_file(state, tmp / "model.safetensors")
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+        (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        pointer = root / f".latest-{uuid.uuid4().hex}"
+        pointer.write_text(str(version))
+        os.replace(pointer, root / "latest")
+        self.versions[agent] = version
+        return final
+
+    def load(self, run_dir: str | Path, agent: str, version: int) -> None:
+        """Load agent's weights at `version` (0 = the initial weights, which are never trained)."""
+        if self.versions.get(agent) == version:
+            return
+        from safetensors.torch import load_file
+
+        d = Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
+        if not d.is_dir():
+            raise FileNotFoundError(f"no checkpoint {d}")
+        if self.cfg.weights == "lora":
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"), adapter_name=agent)
+        else:
+            self.copies[agent].load_state_dict(load_file(d / "model.safetensors"))
+        self.versions[agent] = version
+
+
+def latest_version(run_dir: str | Path, agent: str) -> int:
+    """The version the `latest` pointer names (0 when the agent was never updated)."""
+    p = Path(run_dir) / "checkpoints" / agent / "latest"
+    return int(p.read_text()) if p.exists() else 0

@@ -1,0 +1,74 @@
+"""Run folders: creation (config.yaml written last-step-atomically), lookup and the single-writer lock."""
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+
+class RunLockedError(RuntimeError):
+    """Another process is writing this run."""
+
+
+def new_run_id(prefix: str) -> str:
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def create_run(root: str | Path, run_id: str, config: dict) -> Path:
+    """Make runs/<run_id>/ with its resolved config.yaml; refuses an existing run id."""
+    d = Path(root) / run_id
+    if (d / "config.yaml").exists():
+        raise FileExistsError(f"run {run_id!r} already exists in {root}; use --resume {run_id} to continue it")
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".config-{uuid.uuid4().hex}.yaml"
+    tmp.write_text(yaml.safe_dump({"run_id": run_id, "nonce": uuid.uuid4().hex} | config, sort_keys=False))
+    os.replace(tmp, d / "config.yaml")
+    return d
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    p = Path(run_dir) / "config.yaml"
+    if not p.exists():
+        raise FileNotFoundError(f"no run at {run_dir} (missing config.yaml)")
+    return yaml.safe_load(p.read_text())
+
+
+def find_run(root: str | Path, run_id: str) -> Path:
+    d = Path(run_id) if (Path(run_id) / "config.yaml").exists() else Path(root) / run_id
+    if not (d / "config.yaml").exists():
+        known = ", ".join(list_runs(root)[-5:]) or "none"
+        raise FileNotFoundError(f"no run {run_id!r} under {root} (recent: {known})")
+    return d
+
+
+def list_runs(root: str | Path) -> list[str]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if (p / "config.yaml").exists()]
+    return [p.name for p in sorted(runs, key=lambda p: (p / "config.yaml").stat().st_mtime)]
+
+
+@contextmanager
+def run_lock(run_dir: str | Path):
+    """Hold an exclusive lock on the run while writing; a second writer fails at once with a clear message."""
+    path = Path(run_dir) / ".lock"
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise RunLockedError(f"run {Path(run_dir).name!r} is being written by another process "
+                             f"(lock {path}); wait for it to finish or stop it first") from None
+    try:
+        fh.seek(0), fh.truncate(), fh.write(str(os.getpid())), fh.flush()
+        yield
+    finally:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        fh.close()

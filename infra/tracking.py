@@ -1,0 +1,71 @@
+"""MLflow tracking: one MLflow run per training run (resumed on --resume), SQLite by default."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+
+def default_tracking_uri(root: str | Path) -> str:
+    return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= _flatten(v, key + ".")
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class Tracker:
+    """Thin wrapper over MlflowClient (no global active-run state, safe inside Prefect tasks)."""
+
+    def __init__(self, run_dir: str | Path, root: str | Path, experiment: str, tracking_uri: str | None,
+                 params: dict, enabled: bool = True):
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        if not enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        self.uri = tracking_uri or default_tracking_uri(root)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(
+            experiment, artifact_location=(Path(root).resolve() / "mlartifacts").as_uri())
+        id_file = self.run_dir / "mlflow_run_id"
+        if id_file.exists():
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            run = self.client.create_run(exp_id, run_name=self.run_dir.name, tags={"teamrl.run_dir": str(self.run_dir)})
+            self.run_id = run.info.run_id
+            id_file.write_text(self.run_id)
+            from mlflow.entities import Param
+
+            items = [Param(k, v) for k, v in _flatten(params).items()]
+            for i in range(0, len(items), 100):
+                self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float | None], step: int) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, step) for k, v in metrics.items()
+              if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(ms), 500):
+            self.client.log_batch(self.run_id, metrics=ms[i:i + 500])
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
+        if self.enabled:
+            self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.enabled:
+            self.client.set_terminated(self.run_id, status=status)

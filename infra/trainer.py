@@ -1,0 +1,88 @@
+"""The torch trainer: minibatched gradient steps on one agent's weights with a given loss function.
+
+The loss math lives in `tasks/losses.py`; this module only moves data, steps the optimiser, clips
+gradients, refuses non-finite steps, and keeps the optimiser state with the checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from infra.generation import response_logprobs
+
+
+@dataclass
+class TrainItem:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+    mask: list[int]
+
+
+@dataclass
+class TrainResult:
+    loss: float
+    tokens: int
+    seconds: float
+    skipped: bool
+    reason: str
+    stats: dict[str, float]
+
+
+def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
+    out = torch.zeros((len(rows), n), dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
+                epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
+                optimizer_state: Path | None = None) -> tuple[TrainResult, dict | None]:
+    """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
+    (None when the update was skipped: weights are then restored to what they were)."""
+    t0 = time.perf_counter()
+    params = policy.parameters(agent)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if optimizer_state is not None and optimizer_state.exists():
+        opt.load_state_dict(torch.load(optimizer_state, weights_only=True))
+    backup = [p.detach().clone() for p in params]
+    rng = np.random.default_rng(seed)
+    pad = policy.tokenizer.pad_token_id
+    losses, stats_acc, tokens = [], {}, 0
+    with policy.acting(agent) as model:
+        for _ in range(epochs):
+            order = rng.permutation(len(items))
+            for start in range(0, len(order), minibatch_size):
+                mb = [items[i] for i in order[start:start + minibatch_size]]
+                n = max(1, max(len(it.response_ids) for it in mb))
+                logp = response_logprobs(model, [it.prompt_ids for it in mb], [it.response_ids for it in mb], pad)
+                old = _pad([it.old_logprobs for it in mb], n, torch.float32)
+                adv = _pad([it.advantages for it in mb], n, torch.float32)
+                mask = _pad([it.mask for it in mb], n, torch.float32)
+                loss, stats = loss_fn(logp, old, adv, mask)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                if not (math.isfinite(loss.item()) and math.isfinite(gnorm.item())):
+                    with torch.no_grad():
+                        for p, b in zip(params, backup):
+                            p.copy_(b)
+                    what = "loss" if not math.isfinite(loss.item()) else "gradient norm"
+                    return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
+                                       f"non-finite {what}; update skipped, weights restored", {}), None
+                opt.step()
+                losses.append(loss.item())
+                tokens += int(mask.sum().item())
+                for k, v in (stats | {"grad_norm": gnorm.item()}).items():
+                    stats_acc.setdefault(k, []).append(v)
+    stats = {k: float(np.mean(v)) for k, v in stats_acc.items()}
+    return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
+                       stats), opt.state_dict()

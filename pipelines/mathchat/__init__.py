@@ -1,0 +1,131 @@
+"""MathChat: Problem Solver -> Code Executor (Python in the sandbox) -> Verifier (final answer)."""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.sandbox import SandboxConfig, run_python
+from pipelines.base import Act, AgentSpec, Episode, Problem
+from pipelines.mathchat import problems as gen
+from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
+
+
+class MathChatConfig(BaseModel):
+    """The MathChat team and its problem sets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["mathchat"] = "mathchat"
+    families: list[Literal["arith", "two_step", "number_theory"]] = Field(
+        default_factory=lambda: ["two_step", "number_theory"], min_length=1,
+        description="problem families mixed round-robin: arith | two_step | number_theory")
+    train_size: int = Field(512, ge=1, description="generated training problems")
+    eval_size: int = Field(100, ge=1, description="generated held-out problems (disjoint from train)")
+    problems_file: str | None = Field(None, description="JSONL of {question, answer}: replaces the generated "
+                                      "train split (the held-out split is its last `eval_size` lines)")
+    max_new_tokens: dict[str, int] = Field(
+        default_factory=lambda: {"solver": 48, "executor": 96, "verifier": 24},
+        description="response token budget per agent")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the executor's code")
+
+
+SOLVER = ("You are the Problem Solver. In one or two short sentences, say how to compute the answer. "
+          "Do not write code.")
+EXECUTOR = "You are the Code Executor. Write a short Python program in a ```python block that prints the answer."
+VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
+
+CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
+
+
+def extract_code(text: str) -> str | None:
+    """The first fenced code block; else the whole reply if it looks like Python; else None."""
+    m = CODE_RE.search(text)
+    if m and m.group(1).strip():
+        return m.group(1).strip()
+    if "print(" in text:
+        return text.strip().strip("`")
+    return None
+
+
+class MathChat:
+    name = "mathchat"
+    agents = [
+        AgentSpec("solver", "Problem Solver: explains how to compute the answer"),
+        AgentSpec("executor", "Code Executor: writes Python that prints the answer; it is run, stdout/stderr is feedback"),
+        AgentSpec("verifier", "Verifier: checks the program output and states the final integer answer"),
+    ]
+
+    def __init__(self, cfg: MathChatConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+
+    def problems(self, split: str) -> list[Problem]:
+        if self.cfg.problems_file:
+            allp = gen.load_jsonl(self.cfg.problems_file)
+            if len(allp) <= self.cfg.eval_size:
+                raise ValueError(f"{self.cfg.problems_file}: {len(allp)} problems, need more than "
+                                 f"eval_size={self.cfg.eval_size}")
+            return allp[-self.cfg.eval_size:] if split == "eval" else allp[:-self.cfg.eval_size]
+        train = gen.generate(self.cfg.families, self.cfg.train_size, seed=self.seed)
+        if split == "train":
+            return train
+        if split == "eval":
+            return gen.generate(self.cfg.families, self.cfg.eval_size, seed=self.seed + 7919,
+                                exclude={p.question for p in train})
+        raise ValueError(f"unknown split {split!r}: train | eval")
+
+    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
+                     act: Act) -> list[Episode]:
+        eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
+        # Turn 0: the solver plans.
+        plans = act("solver", [[{"role": "system", "content": SOLVER},
+                                {"role": "user", "content": f"Problem: {e.problem.question}"}] for e in eps])
+        for e, g in zip(eps, plans):
+            e.actions.append(_action(0, "solver", g))
+        # Turn 1: the executor writes code, which runs in the sandbox.
+        codes = act("executor", [[{"role": "system", "content": EXECUTOR},
+                                  {"role": "user", "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}"}]
+                                 for e, p in zip(eps, plans)])
+        sources = [extract_code(g.text) for g in codes]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            runs = list(pool.map(lambda c: run_python(c, self.cfg.sandbox) if c else None, sources))
+        outputs = []
+        for e, g, src, r in zip(eps, codes, sources, runs):
+            fb = r.feedback() if r else "NO CODE: the reply had no Python code block"
+            outputs.append(fb)
+            e.actions.append(_action(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb))
+            e.metrics["code_error"] = float(r is None or not r.ok)
+        # Turn 2: the verifier states the final answer.
+        verdicts = act("verifier", [[{"role": "system", "content": VERIFIER},
+                                     {"role": "user", "content": f"Problem: {e.problem.question}\nProgram output: {o}"}]
+                                    for e, o in zip(eps, outputs)])
+        for e, g in zip(eps, verdicts):
+            e.actions.append(_action(2, "verifier", g))
+            ans = extract_int(g.text)
+            e.final_answer = "" if ans is None else str(ans)
+            e.success = ans is not None and str(ans) == e.problem.answer
+            e.outcome = float(e.success)
+            e.metrics["answer_stated"] = float(ans is not None)
+            out_num = last_int(e.actions[1]["tool_output"]) if not e.metrics["code_error"] else None
+            e.metrics["code_correct"] = float(out_num is not None and str(out_num) == e.problem.answer)
+        return eps
+
+    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
+        return rubric_scores(episode)
+
+    def feedback(self, episode: Episode) -> list[str]:
+        """Environment feedback per action, as the coach sees it (with the ground truth)."""
+        code_out = episode.actions[1]["tool_output"]
+        truth = episode.problem.answer
+        return [f"The executor's program then printed: {code_out}. Correct answer: {truth}.",
+                f"Program output: {code_out}. Correct answer: {truth}.",
+                f"Stated answer: {episode.final_answer or '(none)'}. Correct answer: {truth}."]
+
+
+def _action(turn: int, agent: str, g, **tool) -> dict:
+    return {"turn": turn, "agent": agent, "role": agent, "system": 0, "prompt_ids": g.prompt_ids,
+            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
+            "tool_name": tool.get("tool_name"), "tool_input": tool.get("tool_input"),
+            "tool_output": tool.get("tool_output"), "parent_turn": None}

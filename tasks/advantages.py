@@ -1,0 +1,138 @@
+"""Advantage estimators (REINFORCE++, GRPO, RLOO) as pure functions over per-action samples, chosen
+from a registry by name; the `compute_advantages` task wraps them for one iteration's partitions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Sample:
+    """One action of one agent: its sampled-token log-probs and its scalar score s(a) (None = missing)."""
+
+    episode_id: str
+    group_id: str
+    agent: str
+    turn: int
+    logprobs: np.ndarray
+    ref_logprobs: np.ndarray
+    score: float | None
+
+
+def kl_penalty(logp: np.ndarray, ref_logp: np.ndarray, kind: str = "k1") -> np.ndarray:
+    """Per-token KL estimate of pi_theta against pi_ref from sampled-token log-probs."""
+    d = logp - ref_logp
+    if kind == "k1":
+        return d  # k1 = log pi - log pi_ref
+    if kind == "k2":
+        return 0.5 * d**2  # k2 = (log pi - log pi_ref)^2 / 2
+    if kind == "k3":
+        return np.exp(-d) - 1 + d  # k3 = exp(log pi_ref - log pi) - 1 - (log pi_ref - log pi)
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def blend_score(coach: float, outcome: float | None, w: float) -> float:
+    """s = (1 - w) * coach / 10 + w * outcome (w = 0, or no outcome: s = coach / 10)."""
+    if outcome is None or w == 0:
+        return coach / 10.0
+    return (1 - w) * coach / 10.0 + w * outcome
+
+
+def token_rewards(kl: np.ndarray, score: float, beta: float) -> np.ndarray:
+    """r_l = -beta * k_l, plus s(a) on the last token."""
+    r = -beta * kl.astype(np.float64)
+    if len(r):
+        r[-1] += score
+    return r
+
+
+def returns_to_go(rewards: np.ndarray) -> np.ndarray:
+    """G_l = sum_{l' >= l} r_l' (undiscounted)."""
+    return np.cumsum(rewards[::-1])[::-1].copy()
+
+
+def whiten(values: list[np.ndarray], eps: float = 1e-6) -> list[np.ndarray]:
+    """(x - mean) / (std + eps) with mean and std over every token of the whole batch."""
+    flat = np.concatenate(values) if values else np.zeros(0)
+    if flat.size == 0:
+        return values
+    mean, std = flat.mean(), flat.std()
+    return [(v - mean) / (std + eps) for v in values]
+
+
+ESTIMATORS: dict[str, Callable[..., list[np.ndarray]]] = {}
+
+
+def register(name: str):
+    def deco(fn):
+        ESTIMATORS[name] = fn
+        return fn
+    return deco
+
+
+@register("reinforce_pp")
+def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = "k1",
+                 return_scope: str = "action", eps: float = 1e-6) -> list[np.ndarray]:
+    """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
+    rewards = [token_rewards(kl_penalty(s.logprobs, s.ref_logprobs, kl_estimator), s.score, beta)
+               for s in samples]
+    if return_scope == "action":
+        returns = [returns_to_go(r) for r in rewards]
+    elif return_scope == "agent":
+        returns: list[np.ndarray] = [np.zeros(0)] * len(samples)
+        chains: dict[tuple[str, str], list[int]] = {}
+        for i, s in enumerate(samples):
+            chains.setdefault((s.episode_id, s.agent), []).append(i)
+        for idx in chains.values():
+            idx.sort(key=lambda i: samples[i].turn)
+            g = returns_to_go(np.concatenate([rewards[i] for i in idx]))
+            start = 0
+            for i in idx:
+                returns[i] = g[start:start + len(rewards[i])]
+                start += len(rewards[i])
+    else:
+        raise ValueError(f"unknown return_scope {return_scope!r}")
+    return whiten(returns, eps)
+
+
+def _groups(samples: list[Sample]) -> dict[tuple[str, str], list[int]]:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault((s.group_id, s.agent), []).append(i)
+    return groups
+
+
+@register("grpo")
+def grpo(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.ndarray]:
+    """GRPO: A = (s - mean_group) / (std_group + eps), the same for every token of the action."""
+    adv = [np.zeros(len(s.logprobs)) for s in samples]
+    for idx in _groups(samples).values():
+        scores = np.array([samples[i].score for i in idx], dtype=np.float64)
+        a = (scores - scores.mean()) / (scores.std() + eps)
+        for i, ai in zip(idx, a):
+            adv[i] = np.full(len(samples[i].logprobs), ai)
+    return adv
+
+
+@register("rloo")
+def rloo(samples: list[Sample], **_) -> list[np.ndarray]:
+    """RLOO: A = s - mean of the other G-1 scores of the group (0 for a group of one)."""
+    adv = [np.zeros(len(s.logprobs)) for s in samples]
+    for idx in _groups(samples).values():
+        scores = np.array([samples[i].score for i in idx], dtype=np.float64)
+        n = len(scores)
+        a = scores - (scores.sum() - scores) / (n - 1) if n > 1 else np.zeros(n)
+        for i, ai in zip(idx, a):
+            adv[i] = np.full(len(samples[i].logprobs), ai)
+    return adv
+
+
+def estimate(name: str, samples: list[Sample], **kwargs) -> list[np.ndarray]:
+    """Run estimator `name` on the samples that have a score; missing scores get no advantage (None)."""
+    scored = [i for i, s in enumerate(samples) if s.score is not None and np.isfinite(s.score)]
+    out: list[np.ndarray | None] = [None] * len(samples)
+    for i, a in zip(scored, ESTIMATORS[name]([samples[i] for i in scored], **kwargs)):
+        out[i] = a
+    return out

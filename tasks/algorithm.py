@@ -1,0 +1,38 @@
+"""The training algorithm's configuration: advantage estimator, KL shaping, PPO clip, optimiser."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AlgorithmConfig(BaseModel):
+    """REINFORCE++ by default (MAPPA); `grpo` and `rloo` are selectable estimators."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    estimator: str = Field("reinforce_pp", description="advantage estimator from the registry: "
+                           "reinforce_pp | grpo | rloo")
+    strategy: Literal["joint"] = Field("joint", description="how agents are updated within an iteration: "
+                                       "`joint` = every agent from the same rollout set")
+    kl_coef: float = Field(0.01, ge=0, description="beta: weight of the per-token KL penalty in the reward")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
+    return_scope: Literal["action", "agent"] = Field("action", description="`action`: return-to-go stops at the end "
+                                                     "of each action; `agent`: continues across the agent's later actions")
+    outcome_weight: float = Field(0.0, ge=0, le=1, description="w in s = (1-w)*coach/10 + w*outcome")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon")
+    whiten_eps: float = Field(1e-6, gt=0, description="epsilon added to the std when normalising advantages")
+    lr: float = Field(2e-4, gt=0, le=1, description="AdamW learning rate of each agent's trainable weights")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    epochs: int = Field(1, ge=1, le=100, description="passes over the agent's batch per update")
+    minibatch_size: int = Field(8, ge=1, description="actions per gradient step")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        from tasks.advantages import ESTIMATORS
+
+        if v not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {v!r}; choose one of {sorted(ESTIMATORS)}")
+        return v

@@ -1,0 +1,153 @@
+"""The coach: scores every action of every agent on 0..10 (MAPPA's process reward).
+
+Backends: `rubric` (the pipeline's deterministic rules, offline) and `llm` (any OpenAI-compatible
+chat endpoint; asks for a rationale and `PROCESS_SCORE: N`; malformed answers are re-asked once,
+then stored as missing; calls are concurrent and cached by (coach model, prompt hash)).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
+
+
+class CoachConfig(BaseModel):
+    """Who scores the actions and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["rubric", "llm"] = Field("rubric", description="`rubric` (deterministic, offline) or `llm` "
+                                              "(OpenAI-compatible endpoint)")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="llm: the endpoint's /v1 URL")
+    model: str = Field("coach", description="llm: model name sent to the endpoint")
+    api_key_env: str = Field("OPENAI_API_KEY", description="llm: environment variable holding the API key "
+                             "(a placeholder is sent when unset, as local servers expect)")
+    temperature: float = Field(0.0, ge=0, le=2, description="llm: sampling temperature")
+    max_tokens: int = Field(256, ge=8, description="llm: reply token limit")
+    timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout")
+    max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (with backoff) on 429/5xx/connection errors")
+    concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests")
+    reask: int = Field(1, ge=0, le=5, description="llm: re-asks after a malformed answer before recording it missing")
+    max_context_chars: int = Field(2000, ge=100, description="llm: the agent's input context is cut to this")
+    cache: bool = Field(True, description="llm: cache answers by (model, prompt hash) in <run.dir>/coach-cache.sqlite")
+
+
+def parse_score(text: str) -> float | None:
+    """The last `PROCESS_SCORE: N` in `text` if 0 <= N <= 10, else None (malformed / out of range)."""
+    found = SCORE_RE.findall(text or "")
+    if not found:
+        return None
+    v = float(found[-1])
+    return v if 0.0 <= v <= 10.0 else None
+
+
+@dataclass
+class CoachRequest:
+    question: str
+    role: str
+    context: str
+    action: str
+    feedback: str
+
+
+@dataclass
+class CoachResult:
+    score: float | None
+    rationale: str
+    status: str  # ok | malformed | timeout | error | skipped
+    latency_s: float
+    cached: bool = False
+
+
+def build_prompt(r: CoachRequest, max_context_chars: int) -> str:
+    ctx = r.context if len(r.context) <= max_context_chars else "..." + r.context[-max_context_chars:]
+    return (
+        "You coach a team of AI agents. Grade ONE action of ONE agent.\n"
+        f"Team task: {r.question}\n"
+        f"Agent role: {r.role}\n"
+        f"What the agent saw:\n{ctx}\n"
+        f"The agent's action:\n{r.action}\n"
+        f"Environment feedback:\n{r.feedback}\n\n"
+        "Judge only this agent's own contribution: if it failed because an earlier agent failed, "
+        "blame that agent, not this one. Give a one-sentence rationale, then end with the line\n"
+        "PROCESS_SCORE: N\nwhere N is an integer from 0 (harmful) to 10 (perfect)."
+    )
+
+
+class _Cache:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS coach (key TEXT PRIMARY KEY, value TEXT)")
+            self._db.commit()
+
+    def get(self, key: str):
+        with self._lock:
+            row = self._db.execute("SELECT value FROM coach WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, value: dict) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO coach VALUES (?, ?)", (key, json.dumps(value)))
+            self._db.commit()
+
+
+class LLMCoach:
+    """Scores actions through an OpenAI-compatible chat completions endpoint."""
+
+    def __init__(self, cfg: CoachConfig, cache_path: Path | None = None):
+        from openai import OpenAI
+
+        self.cfg = cfg
+        self.client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "not-needed",
+                             timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+        self.cache = _Cache(cache_path) if (cfg.cache and cache_path) else None
+
+    def _ask(self, messages: list[dict]) -> str:
+        resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
+                                                   temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+        return resp.choices[0].message.content or ""
+
+    def score(self, req: CoachRequest) -> CoachResult:
+        import openai
+
+        prompt = build_prompt(req, self.cfg.max_context_chars)
+        key = hashlib.sha256(f"{self.cfg.model}\0{prompt}".encode()).hexdigest()
+        if self.cache and (hit := self.cache.get(key)):
+            return CoachResult(hit["score"], hit["rationale"], "ok", 0.0, cached=True)
+        t0 = time.perf_counter()
+        messages = [{"role": "user", "content": prompt}]
+        try:
+            for attempt in range(self.cfg.reask + 1):
+                text = self._ask(messages)
+                score = parse_score(text)
+                if score is not None:
+                    if self.cache:
+                        self.cache.put(key, {"score": score, "rationale": text})
+                    return CoachResult(score, text, "ok", time.perf_counter() - t0)
+                messages += [{"role": "assistant", "content": text},
+                             {"role": "user", "content": "Your reply lacked a valid final line. Answer again, "
+                              "ending with exactly: PROCESS_SCORE: N (an integer 0-10)."}]
+            return CoachResult(None, text, "malformed", time.perf_counter() - t0)
+        except openai.APITimeoutError as e:
+            return CoachResult(None, f"timeout: {e}", "timeout", time.perf_counter() - t0)
+        except openai.OpenAIError as e:
+            return CoachResult(None, f"{type(e).__name__}: {e}", "error", time.perf_counter() - t0)
+
+    def score_many(self, reqs: list[CoachRequest]) -> list[CoachResult]:
+        with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
+            return list(pool.map(self.score, reqs))

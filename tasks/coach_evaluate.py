@@ -1,0 +1,76 @@
+"""DAG stage `coach_evaluate`: a score 0..10 for every action of every agent; the `coach` partition."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import task
+
+from infra import store
+from pipelines.base import Episode, Problem
+from tasks import context
+from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
+
+
+def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Episode]:
+    """Rebuild the pipeline's Episode objects from the stored `episodes` and `actions` tables."""
+    eps = store.read_table(run_dir, "episodes", iteration, phase).to_dict("records")
+    acts = store.read_table(run_dir, "actions", iteration, phase).sort_values(["episode_id", "turn"])
+    by_ep: dict[str, list[dict]] = {}
+    for a in acts.to_dict("records"):
+        by_ep.setdefault(a["episode_id"], []).append(a)
+    out = []
+    for e in sorted(eps, key=lambda e: e["episode_id"]):
+        out.append(Episode(problem=Problem(e["task_id"], e["question"], e["answer"]), episode_id=e["episode_id"],
+                           group_id=e["group_id"], actions=by_ep.get(e["episode_id"], []),
+                           final_answer=e["final_answer"], success=bool(e["success"]), outcome=float(e["outcome"]),
+                           metrics=dict(e["metrics"] or {})))
+    return out
+
+
+def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
+    cfg = context.section(run_dir, "coach", CoachConfig)
+    pipe = context.pipeline(run_dir)
+    if cfg.backend == "rubric":
+        out = []
+        for e in episodes:
+            t0 = time.perf_counter()
+            scores = pipe.rubric(e)
+            dt = (time.perf_counter() - t0) / max(1, len(scores))
+            out.append([CoachResult(s, why, "ok", dt) for s, why in scores])
+        return out
+    roles = {a.name: a.role for a in pipe.agents}
+    reqs, shape = [], []
+    for e in episodes:
+        fb = pipe.feedback(e)
+        shape.append(len(e.actions))
+        reqs += [CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
+                 for a, f in zip(e.actions, fb)]
+    coach = LLMCoach(cfg, cache_path=Path(run_dir).parent / "coach-cache.sqlite")
+    flat = coach.score_many(reqs)
+    out, i = [], 0
+    for n in shape:
+        out.append(flat[i:i + n])
+        i += n
+    return out
+
+
+def _key(ctx, params) -> str:
+    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "coach_evaluate")
+
+
+@task(name="coach_evaluate", cache_key_fn=_key, persist_result=True, retries=2, retry_delay_seconds=5)
+def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
+    """Score every action of the partition (skipped when its coach partition is complete)."""
+    if not store.partition_exists(run_dir, "coach", iteration, phase, name="all"):
+        cfg = context.section(run_dir, "coach", CoachConfig)
+        episodes = load_partition_episodes(run_dir, iteration, phase)
+        results = score_episodes(run_dir, episodes)
+        model = "rubric" if cfg.backend == "rubric" else cfg.model
+        run_id = context.value(run_dir, "run_id")
+        rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
+                 "turn": int(a["turn"]), "agent": a["agent"], "score": r.score, "rationale": r.rationale,
+                 "coach_model": model, "latency_s": r.latency_s, "status": r.status}
+                for e, rs in zip(episodes, results) for a, r in zip(e.actions, rs)]
+        store.write_partition(run_dir, "coach", iteration, phase, rows, name="all")
+    return str(Path(run_dir) / "coach" / f"iteration={iteration}" / f"phase={phase}")

@@ -1,0 +1,98 @@
+"""DAG stage `collect_rollouts`: the team plays episodes; `actions` and `episodes` partitions."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from prefect import task
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra import store
+from infra.generation import EnginesConfig, encode_chat, generate, score_logprobs
+from infra.progress import progress_bar
+from tasks import context
+
+
+class RolloutConfig(BaseModel):
+    """How many episodes an iteration plays and how they are sampled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    questions: int = Field(8, ge=1, description="training questions per iteration")
+    group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
+    temperature: float = Field(1.0, gt=0, le=5, description="sampling temperature of training rollouts")
+    eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
+
+
+def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
+    probs = context.pipeline(run_dir).problems(split)
+    if split == "eval":
+        return probs[:n] if n else probs
+    r = random.Random(context.stage_seed(context.value(run_dir, "seed"), "questions", iteration, phase.split("-")[0]))
+    return r.sample(probs, min(n, len(probs)))
+
+
+def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], split: str = "train",
+         greedy: bool = False) -> dict:
+    """Play the episodes of one partition and write them; returns a small summary."""
+    cfg = context.section(run_dir, "rollout", RolloutConfig)
+    engines = context.section(run_dir, "engines", EnginesConfig)
+    pipe = context.pipeline(run_dir)
+    policy = context.policy(run_dir)
+    for agent, v in versions.items():
+        policy.load(run_dir, agent, v)
+    tok = policy.tokenizer
+    seed = context.value(run_dir, "seed")
+    problems = _select(run_dir, iteration, phase, split, cfg.eval_questions if split == "eval" else cfg.questions)
+    g = 1 if greedy else cfg.group_size
+    plist = [p for p in problems for _ in range(g)]
+    eids = [f"{phase}-{i // g:04d}-{i % g:02d}" for i in range(len(plist))]
+    gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
+    budgets = pipe.cfg.max_new_tokens
+
+    with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
+        def act(agent: str, chats: list[list[dict]]):
+            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, agent))
+            prompts = [encode_chat(tok, c) for c in chats]
+            with policy.acting(agent) as model:
+                out = generate(model, tok, prompts, budgets.get(agent, 64), temperature=cfg.temperature,
+                               greedy=greedy, batch_size=engines.batch_size)
+            advance()
+            return out
+
+        episodes = pipe.run_episodes(plist, eids, gids, act)
+
+    run_id = context.value(run_dir, "run_id")
+    actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
+    with policy.reference() as ref:  # one pass for every agent: all share the frozen base
+        refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
+                              tok.pad_token_id, batch_size=engines.batch_size)
+    rows = []
+    for a, r in zip(actions, refs):
+        rows.append(a | {"run_id": run_id, "iteration": iteration, "phase": phase, "ref_logprobs": r,
+                         "policy_version": versions[a["agent"]],
+                         "prompt_text": tok.decode(a["prompt_ids"], skip_special_tokens=False)})
+    ep_rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
+                "task_id": e.problem.task_id, "group_id": e.group_id, "pipeline": pipe.name,
+                "success": e.success, "outcome": e.outcome, "metrics": e.metrics, "final_answer": e.final_answer,
+                "num_turns": len(e.actions), "policy_versions": dict(versions), "question": e.problem.question,
+                "answer": e.problem.answer} for e in episodes]
+    # actions first, episodes last: the episodes file marks the partition pair complete.
+    store.write_partition(run_dir, "actions", iteration, phase, rows, name="all")
+    store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name="all")
+    return {"episodes": len(episodes), "success": sum(e.success for e in episodes) / max(1, len(episodes)),
+            "tokens": sum(len(a["response_ids"]) for a in actions)}
+
+
+def _key(ctx, params) -> str:
+    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "collect_rollouts")
+
+
+@task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)
+def collect_rollouts(run_dir: str, iteration: int, phase: str, versions: dict[str, int],
+                     split: str = "train", greedy: bool = False) -> str:
+    """Play one partition of episodes (skipped when it is already complete); returns its path."""
+    if not store.partition_exists(run_dir, "episodes", iteration, phase, name="all"):
+        play(run_dir, iteration, phase, versions, split, greedy)
+    return str(Path(run_dir) / "episodes" / f"iteration={iteration}" / f"phase={phase}")

@@ -1,0 +1,74 @@
+"""What a task knows about its run: the run folder, its resolved config, and the long-lived engines.
+
+Tasks receive `run_dir` (a string) plus iteration / phase / versions, and look everything else up
+here, so no model or tensor ever crosses a task boundary and the engines load once per process.
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def stage_seed(seed: int, *parts) -> int:
+    """A 31-bit seed derived from the run seed and a stage's identity (iteration, phase, agent, ...)."""
+    h = hashlib.sha256(repr((seed,) + parts).encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+@lru_cache(maxsize=8)
+def _raw(run_dir: str) -> dict:
+    p = Path(run_dir) / "config.yaml"
+    if not p.exists():
+        raise FileNotFoundError(f"{run_dir} is not a teamrl run folder (no config.yaml)")
+    return yaml.safe_load(p.read_text())
+
+
+def section(run_dir: str, name: str, model: type[T]) -> T:
+    """One validated section of the run's resolved config."""
+    return model.model_validate(_raw(str(run_dir))[name])
+
+
+def value(run_dir: str, name: str):
+    return _raw(str(run_dir))[name]
+
+
+@lru_cache(maxsize=2)
+def pipeline(run_dir: str):
+    from pipelines import PipelineConfig, build_pipeline
+
+    return build_pipeline(section(run_dir, "pipeline", PipelineConfig), value(run_dir, "seed"))
+
+
+_POLICIES: dict[tuple, object] = {}
+
+
+def policy(run_dir: str):
+    """The team's TeamPolicy, built once per (model config, agents, seed) and reused across runs' tasks."""
+    from infra.generation import EnginesConfig
+    from infra.models import ModelConfig
+    from infra.policy import TeamPolicy
+
+    mcfg = section(run_dir, "model", ModelConfig)
+    agents = tuple(a.name for a in pipeline(str(run_dir)).agents)
+    key = (mcfg.model_dump_json(), agents, value(run_dir, "seed"))
+    if key not in _POLICIES:
+        threads = section(run_dir, "engines", EnginesConfig).threads
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        _POLICIES.clear()  # one team in memory at a time
+        _POLICIES[key] = TeamPolicy(mcfg, list(agents), seed=value(run_dir, "seed"))
+    return _POLICIES[key]
+
+
+def prefect_cache_key(run_dir: str, *parts) -> str:
+    """Deterministic per (run instance, iteration, stage, agent): a rerun of a failed run hits it."""
+    return ":".join(["teamrl", str(value(run_dir, "run_id")), str(value(run_dir, "nonce"))] + [str(p) for p in parts])

@@ -1,0 +1,25 @@
+"""Policy-gradient losses as pure functions over padded [B, L] tensors with a 0/1 token mask."""
+from __future__ import annotations
+
+import torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(x * m) / max(sum(m), 1)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """L = -token_mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)), rho = exp(logp - old_logp)."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean(((ratio - 1).abs() > clip_eps).float(), mask).item(),
+            "kl_old": masked_mean(old_logp - logp, mask).item(),  # k1 estimate of KL(old || new)
+            "surrogate": masked_mean(unclipped, mask).item(),
+        }
+    return loss, stats

@@ -1,0 +1,77 @@
+"""DAG stage `update`: one PPO-clip gradient update of one agent; a checkpoint and an `updates` row."""
+from __future__ import annotations
+
+import math
+import warnings
+from functools import partial
+from pathlib import Path
+
+from prefect import task
+
+from infra import store
+from infra.progress import progress_bar
+from infra.trainer import TrainItem, train_agent
+from tasks import context
+from tasks.algorithm import AlgorithmConfig
+from tasks.losses import ppo_clip_loss
+
+
+def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
+    df = store.load_actions(run_dir, iteration, phase)
+    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)]
+    items = []
+    for r in df.to_dict("records"):
+        for _ in range(int(r["weight"])):  # weight = duplication count after balanced sampling
+            items.append(TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]),
+                                   list(r["advantages"]), list(r["loss_mask"])))
+    return items
+
+
+def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> dict:
+    cfg = context.section(run_dir, "algorithm", AlgorithmConfig)
+    policy = context.policy(run_dir)
+    policy.load(run_dir, agent, version_before)
+    items = _items(run_dir, iteration, phase, agent)
+    ckpt = Path(run_dir) / "checkpoints" / agent / f"v{version_before:04d}"
+    seed = context.stage_seed(context.value(run_dir, "seed"), "update", iteration, phase, agent)
+    row = {"run_id": context.value(run_dir, "run_id"), "iteration": iteration, "phase": phase, "agent": agent,
+           "strategy": cfg.strategy, "penalty": None, "certificate": None, "version_before": version_before}
+    if not items:
+        res, opt_state = None, None
+        row |= {"kl": None, "surrogate_gain": None, "loss": None, "tokens": 0, "seconds": 0.0,
+                "version_after": version_before, "skipped": True, "reason": "no scored actions for this agent"}
+    else:
+        with progress_bar(f"update {agent} it={iteration}", 1) as advance:
+            res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
+                                         lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
+                                         minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
+                                         seed=seed, optimizer_state=ckpt / "optimizer.pt")
+            advance()
+        row |= {"kl": res.stats.get("kl_old"), "surrogate_gain": res.stats.get("surrogate"),
+                "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
+                "skipped": res.skipped, "reason": res.reason}
+        if res.skipped:
+            warnings.warn(f"{agent} iteration {iteration}: {res.reason}", RuntimeWarning, stacklevel=2)
+            row["version_after"] = version_before
+        else:
+            row["version_after"] = version_before + 1
+            policy.save(run_dir, agent, version_before + 1, optimizer_state=opt_state,
+                        extra={"iteration": iteration, "phase": phase})
+    store.write_partition(run_dir, "updates", iteration, phase, [row], name=agent)
+    return row
+
+
+def _key(ctx, params) -> str:
+    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "update", params["agent"])
+
+
+@task(name="update", cache_key_fn=_key, persist_result=True, task_run_name="update-{agent}")
+def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> int:
+    """Update `agent` from `version_before`; returns the version after (skipped when already done)."""
+    if store.partition_exists(run_dir, "updates", iteration, phase, name=agent):
+        done = store.read_table(run_dir, "updates", iteration, phase)
+        done = done[done["agent"] == agent]
+        return int(done["version_after"].iloc[0])
+    return int(run_update(run_dir, iteration, phase, agent, version_before)["version_after"])
+
+
