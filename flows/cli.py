@@ -15,7 +15,7 @@ app = typer.Typer(help="Fine-tune teams of LLM agents with reinforcement learnin
                   pretty_exceptions_enable=False)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
-console = Console()
+console = Console(width=None if os.isatty(1) else 160)
 err = Console(stderr=True)
 
 

@@ -68,7 +68,8 @@ def _set(d: dict, dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+def parse_overrides(items: list[str]) -> list[tuple[str, Any, str]]:
+    """(key, YAML-parsed value, raw text) per `key=value`."""
     out = []
     for it in items:
         if "=" not in it or not it.split("=", 1)[0].strip():
@@ -78,7 +79,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
             val = yaml.safe_load(v) if v.strip() else ""
         except yaml.YAMLError:
             val = v
-        out.append((k.strip(), val))
+        out.append((k.strip(), val, v))
     return out
 
 
@@ -114,6 +115,17 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     raw.setdefault("preset", path.stem)
-    for k, v in parse_overrides(overrides or []):
+    parsed = parse_overrides(overrides or [])
+    for k, v, _ in parsed:
         _set(raw, k, v)
-    return validate(raw)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        # `--set run.id=123` means the text "123" where the field is a string: retry those as text
+        texts = {".".join(map(str, err["loc"])) for err in e.errors() if err["type"] == "string_type"}
+        retry = [(k, t) for k, v, t in parsed if k in texts and not isinstance(v, str)]
+        if not retry:
+            raise ConfigError(_format(e)) from None
+        for k, t in retry:
+            _set(raw, k, t)
+        return validate(raw)

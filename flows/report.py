@@ -65,11 +65,11 @@ def compact(df: pd.DataFrame) -> pd.DataFrame:
     keep = ["iteration", "phase", "success_rate", "success_ci_low", "success_ci_high"]
     keep += [c for c in df.columns if c.startswith(("coach_score/", "loss/"))]
     out = df[[c for c in keep if c in df.columns]]
-    return out.rename(columns=lambda c: c.replace("success_rate", "success").replace("success_ci_", "ci_")
-                      .replace("coach_score/", "coach:").replace("loss/", "loss:"))
+    return out.rename(columns=lambda c: c.replace("success_rate", "success").replace("success_ci_", "ci ")
+                      .replace("coach_score/", "coach\n").replace("loss/", "loss\n"))
 
 
 def fmt(v) -> str:
     if isinstance(v, float):
-        return "-" if np.isnan(v) else f"{v:.3f}"
+        return "-" if np.isnan(v) else f"{v:.2f}"
     return str(v)

@@ -92,6 +92,7 @@ def train(config: RunConfig, resume: str | None = None) -> str:
         policy = context.policy(rd)
         for a in agents:  # version 0 on disk makes every later load (and a resume) exact
             if not (run_dir / "checkpoints" / a / "v0000").exists():
+                policy.load(rd, a, 0)  # the initial weights
                 policy.save(rd, a, 0)
         tracker = Tracker(run_dir, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri,
                           cfg.model_dump(mode="json"), enabled=cfg.run.mlflow)

@@ -22,7 +22,8 @@ class TeamPolicy:
         self.cfg, self.agents = cfg, list(agents)
         self.tokenizer = load_tokenizer(cfg)
         base = load_base(cfg, self.tokenizer, seed)
-        self.versions = {a: 0 for a in self.agents}
+        # agent -> (run folder, version) whose weights are in memory; one TeamPolicy may serve many runs
+        self._loaded: dict[str, tuple[str, int]] = {a: ("<initial>", 0) for a in self.agents}
         if cfg.weights == "lora":
             from peft import LoraConfig, get_peft_model
 
@@ -35,10 +36,12 @@ class TeamPolicy:
             self.model.eval()
             self._params = {a: [p for n, p in self.model.named_parameters() if "lora_" in n and f".{a}." in n]
                             for a in self.agents}
+            self._initial = {a: [p.detach().clone() for p in self._params[a]] for a in self.agents}
         else:
             self.model = base
             self.copies = {a: copy.deepcopy(base) for a in self.agents}
             self._params = {a: list(m.parameters()) for a, m in self.copies.items()}
+            self._initial = {a: list(self.model.parameters()) for a in self.agents}  # the base itself
         for a in self.agents:
             for p in self._params[a]:
                 p.requires_grad_(True)
@@ -47,7 +50,7 @@ class TeamPolicy:
     @contextmanager
     def acting(self, agent: str):
         """The module that computes agent `agent`'s policy."""
-        if agent not in self.versions:
+        if agent not in self._loaded:
             raise KeyError(f"unknown agent {agent!r}; team is {self.agents}")
         if self.cfg.weights == "lora":
             self.model.set_adapter(agent)
@@ -102,25 +105,35 @@ class TeamPolicy:
         pointer = root / f".latest-{uuid.uuid4().hex}"
         pointer.write_text(str(version))
         os.replace(pointer, root / "latest")
-        self.versions[agent] = version
+        self._loaded[agent] = (_key(run_dir), version)
         return final
 
     def load(self, run_dir: str | Path, agent: str, version: int) -> None:
-        """Load agent's weights at `version` (0 = the initial weights, which are never trained)."""
-        if self.versions.get(agent) == version:
+        """Load agent's weights at `version` of run `run_dir`; version 0 without a checkpoint = the initial weights."""
+        if self._loaded.get(agent) == (_key(run_dir), version):
             return
         from safetensors.torch import load_file
 
         d = Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
         if not d.is_dir():
-            raise FileNotFoundError(f"no checkpoint {d}")
+            if version != 0:
+                raise FileNotFoundError(f"no checkpoint {d}")
+            with torch.no_grad():
+                for p, init in zip(self._params[agent], self._initial[agent]):
+                    p.copy_(init)
+            self._loaded[agent] = (_key(run_dir), 0)
+            return
         if self.cfg.weights == "lora":
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"), adapter_name=agent)
         else:
             self.copies[agent].load_state_dict(load_file(d / "model.safetensors"))
-        self.versions[agent] = version
+        self._loaded[agent] = (_key(run_dir), version)
+
+
+def _key(run_dir: str | Path) -> str:
+    return str(Path(run_dir).resolve())
 
 
 def latest_version(run_dir: str | Path, agent: str) -> int:

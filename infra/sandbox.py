@@ -53,7 +53,8 @@ class SandboxResult:
 def _limits(cfg: SandboxConfig):
     def apply():
         os.setsid()
-        resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_s, cfg.cpu_s))
+        # SIGXCPU at the soft limit (reported as a timeout); SIGKILL one second later if it is ignored
+        resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_s, cfg.cpu_s + 1))
         mem = cfg.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         fsz = cfg.max_file_mb * 1024 * 1024

@@ -56,7 +56,8 @@ def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResu
 
 
 def _key(ctx, params) -> str:
-    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "coach_evaluate")
+    done = store.partition_exists(params["run_dir"], "coach", params["iteration"], params["phase"], name="all")
+    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "coach_evaluate")
 
 
 @task(name="coach_evaluate", cache_key_fn=_key, persist_result=True, retries=2, retry_delay_seconds=5)

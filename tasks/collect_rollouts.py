@@ -86,7 +86,8 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
 
 
 def _key(ctx, params) -> str:
-    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "collect_rollouts")
+    done = store.partition_exists(params["run_dir"], "episodes", params["iteration"], params["phase"], name="all")
+    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "collect_rollouts")
 
 
 @task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)

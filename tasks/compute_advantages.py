@@ -41,7 +41,8 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
 
 
 def _key(ctx, params) -> str:
-    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "compute_advantages")
+    done = store.partition_exists(params["run_dir"], "advantages", params["iteration"], params["phase"], name="all")
+    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "compute_advantages")
 
 
 @task(name="compute_advantages", cache_key_fn=_key, persist_result=True)

@@ -69,6 +69,12 @@ def policy(run_dir: str):
     return _POLICIES[key]
 
 
-def prefect_cache_key(run_dir: str, *parts) -> str:
-    """Deterministic per (run instance, iteration, stage, agent): a rerun of a failed run hits it."""
+def prefect_cache_key(run_dir: str, done: bool, *parts) -> str | None:
+    """Deterministic per (run instance, iteration, stage, agent), so a rerun of a failed run hits it.
+
+    The store is the authority: while the stage's output partition is absent (never written, or
+    removed by hand) there is no key, so Prefect cannot serve a stale result for it.
+    """
+    if not done:
+        return None
     return ":".join(["teamrl", str(value(run_dir, "run_id")), str(value(run_dir, "nonce"))] + [str(p) for p in parts])

@@ -5,8 +5,8 @@ import torch
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum(x * m) / max(sum(m), 1)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    """sum(x * m) / max(sum(m), 1); masked positions never contribute, even when non-finite."""
+    return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,

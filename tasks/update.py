@@ -62,7 +62,8 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
 
 
 def _key(ctx, params) -> str:
-    return context.prefect_cache_key(params["run_dir"], params["iteration"], params["phase"], "update", params["agent"])
+    done = store.partition_exists(params["run_dir"], "updates", params["iteration"], params["phase"], name=params["agent"])
+    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "update", params["agent"])
 
 
 @task(name="update", cache_key_fn=_key, persist_result=True, task_run_name="update-{agent}")

@@ -22,7 +22,8 @@ def _arith(r: random.Random) -> tuple[str, int]:
 
 def _two_step(r: random.Random) -> tuple[str, int]:
     n, item = r.choice(NAMES), r.choice(ITEMS)
-    a, b, c = r.randint(3, 30), r.randint(2, 12), r.randint(1, 40)
+    a, b = r.randint(3, 30), r.randint(2, 12)
+    c = r.randint(1, min(40, a * b - 1))  # "left" counts are never negative
     kind = r.randrange(3)
     if kind == 0:
         return (f"{n} buys {a} boxes of {item} with {b} {item} in each box, then gives away {c}. "

@@ -65,10 +65,12 @@ def rubric_scores(ep: Episode) -> list[tuple[float, str]]:
         ve = (10.0, "stated the correct answer")
     elif code_right:
         ve = (0.0, f"program output was correct ({printed}) but the verifier stated {stated or 'nothing'}")
-    elif not stated:
-        ve = (1.0, "stated no answer")
+    elif printed is None and not stated:
+        ve = (6.0, "correctly reported that the program gave no result; upstream is at fault")
     elif printed is not None and stated == str(printed):
         ve = (5.0, "faithfully reported the (wrong) program output; upstream is at fault")
+    elif not stated:
+        ve = (3.0, "stated no answer although the program printed one")
     else:
         ve = (2.0, f"stated {stated}, which neither the program nor the truth supports")
     return [so, ex, ve]

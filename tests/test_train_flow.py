@@ -1,0 +1,117 @@
+"""Integration: the tiny preset through the real Prefect train flow."""
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import tiny_config
+
+from infra import store
+from infra.policy import latest_version
+
+AGENTS = ["solver", "executor", "verifier"]
+pytestmark = pytest.mark.slow
+
+
+def test_every_table_has_rows(trained_run):
+    _, run_dir = trained_run
+    for table in ("episodes", "actions", "coach", "advantages", "updates"):
+        df = store.read_table(run_dir, table)
+        assert len(df) > 0, table
+    eps = store.load_episodes(run_dir)
+    assert set(eps["phase"]) == {"rollout", "eval"}
+    assert sorted(eps[eps.phase == "eval"]["iteration"].unique()) == [0, 2]
+    assert sorted(eps[eps.phase == "rollout"]["iteration"].unique()) == [1, 2]
+    # 4 questions x group of 2 per training iteration, 8 held-out questions per evaluation
+    assert (eps[eps.phase == "rollout"].groupby("iteration").size() == 8).all()
+    assert (eps[eps.phase == "eval"].groupby("iteration").size() == 8).all()
+
+
+def test_actions_joined_with_scores_for_all_agents(trained_run):
+    _, run_dir = trained_run
+    df = store.load_actions(run_dir, phase="rollout")
+    assert sorted(df["agent"].unique()) == sorted(AGENTS)
+    assert df["score"].notna().all()
+    assert df["score"].between(0, 10).all()
+    assert (df["status"] == "ok").all()
+    assert isinstance(df["response_ids"].dtype, pd.ArrowDtype)
+    for r in df.to_dict("records"):
+        n = len(r["response_ids"])
+        assert n == len(r["logprobs"]) == len(r["ref_logprobs"]) == len(r["advantages"]) == len(r["loss_mask"]) > 0
+        assert all(lp <= 0 for lp in r["logprobs"])
+    # the first iteration acts with the untrained adapters (LoRA B = 0): policy == reference
+    it1 = df[df.iteration == 1]
+    assert max(np.abs(np.array(a) - np.array(b)).max() for a, b in zip(it1.logprobs, it1.ref_logprobs)) < 1e-4
+    # iteration 2 acts with updated adapters, so some token log-probs differ from the reference
+    it2 = df[df.iteration == 2]
+    assert max(np.abs(np.array(a) - np.array(b)).max() for a, b in zip(it2.logprobs, it2.ref_logprobs)) > 1e-4
+    assert set(it2["policy_version"]) == {1}
+
+
+def test_checkpoint_versions_advance(trained_run):
+    _, run_dir = trained_run
+    up = store.load_updates(run_dir).sort_values(["iteration", "agent"])
+    assert len(up) == 2 * len(AGENTS)
+    assert not up["skipped"].any()
+    assert (up["version_after"] == up["version_before"] + 1).all()
+    for a in AGENTS:
+        assert latest_version(run_dir, a) == 2
+        for v in (0, 1, 2):
+            assert (Path(run_dir) / "checkpoints" / a / f"v{v:04d}" / "adapter_model.safetensors").exists()
+
+
+def test_mlflow_has_params_and_metrics(trained_run):
+    from mlflow.tracking import MlflowClient
+
+    root, run_dir = trained_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(root).resolve() / 'mlflow.db'}")
+    run = client.get_run((Path(run_dir) / "mlflow_run_id").read_text().strip())
+    assert run.info.status == "FINISHED"
+    assert run.data.params["algorithm.estimator"] == "reinforce_pp"
+    for key in ("success_rate", "coach_score/solver", "loss/executor", "kl/verifier", "rollout_tokens_per_s",
+                "seconds/collect_rollouts", "eval/success_rate"):
+        assert key in run.data.metrics, key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "success_rate")] == [1, 2]
+    arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert "checkpoints/solver" in arts
+
+
+def _content(run_dir, table):
+    drop = {"run_id", "latency_s", "seconds"}
+    df = store.read_table(run_dir, table)
+    df = df[[c for c in df.columns if c not in drop]]
+    return df.sort_values([c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]).reset_index(
+        drop=True).astype(str)
+
+
+def test_same_seed_same_tables_and_resume(trained_run, tmp_path):
+    """A second run with the same seed, interrupted after iteration 1's coach stage and resumed,
+    ends with exactly the tables of the uninterrupted run."""
+    import shutil
+
+    from flows.train import train
+
+    root, ref_dir = trained_run
+    cfg = tiny_config(tmp_path, "run.id=again", "seed=1")
+    run_dir = Path(train(config=cfg))
+    for table in ("episodes", "actions", "coach", "advantages", "updates"):
+        pd.testing.assert_frame_equal(_content(ref_dir, table), _content(run_dir, table), obj=table)
+    # simulate a crash in iteration 2 after the coach stage: later stages' outputs are gone
+    for table in ("advantages", "updates"):
+        shutil.rmtree(run_dir / table / "iteration=2")
+    shutil.rmtree(run_dir / "episodes" / "iteration=2" / "phase=eval")
+    (run_dir / "mlflow_run_id").unlink()  # (a fresh MLflow run is made when the id file is lost)
+    before = (run_dir / "actions" / "iteration=2" / "phase=rollout" / "part-all.parquet").stat().st_mtime_ns
+    train(config=cfg, resume="again")
+    after = (run_dir / "actions" / "iteration=2" / "phase=rollout" / "part-all.parquet").stat().st_mtime_ns
+    assert before == after, "finished rollouts were redone"
+    for table in ("episodes", "actions", "coach", "advantages", "updates"):
+        pd.testing.assert_frame_equal(_content(ref_dir, table), _content(run_dir, table), obj=table)
+
+
+def test_same_run_id_refused(trained_run):
+    from flows.train import train
+
+    root, _ = trained_run
+    with pytest.raises(FileExistsError, match="already exists"):
+        train(config=tiny_config(root, "run.id=spine"))
