@@ -32,6 +32,8 @@ class ModelConfig(BaseModel):
     tiny_layers: int = Field(4, ge=1, description="tiny preset: number of decoder layers")
     tiny_heads: int = Field(4, ge=1, description="tiny preset: attention heads")
     tiny_intermediate: int = Field(688, ge=16, description="tiny preset: MLP width")
+    tiny_init_std: float = Field(0.02, gt=0, le=1, description="tiny preset: weight init std (larger: peakier "
+                                 "next-token distributions)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype (float32 on CPUs)")
 
 
@@ -106,7 +108,7 @@ def load_base(cfg: ModelConfig, tokenizer, seed: int = 0):
                          num_attention_heads=cfg.tiny_heads, num_key_value_heads=cfg.tiny_heads,
                          max_position_embeddings=2048, tie_word_embeddings=True,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+                         pad_token_id=tokenizer.pad_token_id, initializer_range=cfg.tiny_init_std)
         model = LlamaForCausalLM(mc).to(dtype)
     else:
         src = smollm2_dir() if cfg.name == SMOLLM2 else cfg.name

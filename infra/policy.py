@@ -75,27 +75,25 @@ class TeamPolicy:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, agent: str) -> dict[str, torch.Tensor]:
-        if self.cfg.weights == "lora":
-            from peft import get_peft_model_state_dict
+        from peft import get_peft_model_state_dict
 
-            return get_peft_model_state_dict(self.model, adapter_name=agent)
-        return self.copies[agent].state_dict()
+        return get_peft_model_state_dict(self.model, adapter_name=agent)
 
     def save(self, run_dir: str | Path, agent: str, version: int, extra: dict | None = None,
              optimizer_state: dict | None = None) -> Path:
         """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file, save_model
 
         root = Path(run_dir) / "checkpoints" / agent
         final = root / f"v{version:04d}"
         tmp = root / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir(parents=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
         if self.cfg.weights == "lora":
+            state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
             save_file(state, tmp / "adapter_model.safetensors")
             self.model.peft_config[agent].save_pretrained(tmp)
-        else:
-            save_file(state, tmp / "model.safetensors")
+        else:  # save_model de-duplicates tied weights (embeddings / lm_head)
+            save_model(self.copies[agent], str(tmp / "model.safetensors"))
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
@@ -112,7 +110,7 @@ class TeamPolicy:
         """Load agent's weights at `version` of run `run_dir`; version 0 without a checkpoint = the initial weights."""
         if self._loaded.get(agent) == (_key(run_dir), version):
             return
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file, load_model
 
         d = Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
         if not d.is_dir():
@@ -128,7 +126,7 @@ class TeamPolicy:
 
             set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"), adapter_name=agent)
         else:
-            self.copies[agent].load_state_dict(load_file(d / "model.safetensors"))
+            load_model(self.copies[agent], str(d / "model.safetensors"))
         self._loaded[agent] = (_key(run_dir), version)
 
 

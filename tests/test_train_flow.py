@@ -115,3 +115,32 @@ def test_same_run_id_refused(trained_run):
     root, _ = trained_run
     with pytest.raises(FileExistsError, match="already exists"):
         train(config=tiny_config(root, "run.id=spine"))
+
+
+def test_full_copy_per_agent(prefect_harness, tmp_path):
+    """`model.weights=full`: each agent trains its own full copy; the frozen base stays the reference."""
+    from flows.train import train
+
+    run_dir = Path(train(config=tiny_config(tmp_path, "model.weights=full", "iterations=1", "evaluate=false")))
+    for a in AGENTS:
+        assert (run_dir / "checkpoints" / a / "v0001" / "model.safetensors").exists()
+    up = store.load_updates(run_dir)
+    assert (up["version_after"] == 1).all() and not up["skipped"].any()
+
+
+def test_cli_train_and_runs_show(prefect_harness, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "iterations=1",
+                              "--set", "run.id=cli", "--set", "evaluate=false"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["runs", "show", "cli", "--dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "rollout" in res.output and "solver" in res.output
+    res = runner.invoke(app, ["runs", "list", "--dir", str(tmp_path)])
+    assert "cli" in res.output
+    res = runner.invoke(app, ["runs", "show", "nope", "--dir", str(tmp_path)])
+    assert res.exit_code == 2 and "no run 'nope'" in res.output
