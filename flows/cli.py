@@ -58,6 +58,21 @@ def train(
         _fail(str(e))
     console.print(f"[green]run finished:[/] {run_dir}")
     _show_table(run_table(run_dir), Path(run_dir).name)
+    _before_after(Path(run_dir))
+
+
+def _before_after(run_dir: Path) -> None:
+    from flows.report import compact, run_table
+
+    ev = compact(run_table(run_dir))
+    ev = ev[ev["phase"] == "eval"]
+    if len(ev) >= 2:
+        a, b = ev.iloc[0], ev.iloc[-1]
+        console.print(f"held-out success (greedy, 95% CI): [bold]{a['success']:.3f}[/] [{a['ci low']:.3f}, "
+                      f"{a['ci high']:.3f}] untrained -> [bold]{b['success']:.3f}[/] [{b['ci low']:.3f}, "
+                      f"{b['ci high']:.3f}] after {int(b['iteration'])} iterations")
+    if (run_dir / "summary.png").exists():
+        console.print(f"plot: {run_dir / 'summary.png'}")
 
 
 @app.command("eval")

@@ -7,23 +7,34 @@ import numpy as np
 import pandas as pd
 
 from infra import store
-from tasks.evaluation import bootstrap_ci
+from tasks.evaluation import bootstrap_ci, pass_at_k
 
 
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
     """Success, coach score and reward per agent, response length, code errors of one partition."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
-    if len(eps):
-        succ = eps["success"].astype(float).to_numpy()
+    flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
+    sampled = eps[flag == 0.0] if phase == "eval" else eps.iloc[0:0]
+    main = eps[flag == 1.0] if phase == "eval" else eps
+    if len(main):
+        succ = main["success"].astype(float).to_numpy()
         m["success_rate"] = float(succ.mean())
         if phase == "eval":
             lo, hi = bootstrap_ci(succ)
             m["success_ci_low"], m["success_ci_high"] = lo, hi
+        m["code_error_rate"] = float(main["metrics"].map(lambda d: dict(d).get("code_error", 0.0)).mean())
+    if len(sampled):
+        per_q = sampled.groupby("group_id")["success"].agg(["size", "sum"])
+        k = int(per_q["size"].min())
+        m[f"pass_at_{k}"] = float(np.mean([pass_at_k(int(n), int(c), k) for n, c in per_q.itertuples(index=False)]))
     acts = store.load_actions(run_dir, iteration, phase)
+    if phase == "eval":
+        acts = acts[acts["episode_id"].isin(set(main["episode_id"]))]
     for agent, g in acts.groupby("agent", sort=True):
         m[f"coach_score/{agent}"] = float(g["score"].astype(float).mean())
         m[f"response_tokens/{agent}"] = float(g["response_ids"].map(len).mean())
+        m[f"tool_use/{agent}"] = float((g["tool_input"].fillna("") != "").mean())
         if "reward" in g and g["reward"].notna().any():
             m[f"reward/{agent}"] = float(g["reward"].astype(float).mean())
         m[f"coach_missing/{agent}"] = float((g["status"] != "ok").sum()) if "status" in g else 0.0
@@ -73,3 +84,50 @@ def fmt(v) -> str:
     if isinstance(v, float):
         return "-" if np.isnan(v) else f"{v:.2f}"
     return str(v)
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """PNG: held-out and training success per iteration (with 95% intervals on held-out), and the mean
+    coach score of each agent per iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = run_table(run_dir)
+    out = Path(out or Path(run_dir) / "summary.png")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    tr, ev = df[df["phase"] == "rollout"], df[df["phase"] == "eval"]
+    if len(tr):
+        ax1.plot(tr["iteration"], tr["success_rate"], "o-", label="training rollouts (sampled)")
+    if len(ev):
+        err = np.vstack([ev["success_rate"] - ev["success_ci_low"], ev["success_ci_high"] - ev["success_rate"]])
+        ax1.errorbar(ev["iteration"], ev["success_rate"], yerr=err, fmt="s--", capsize=4,
+                     label="held-out (greedy, 95% CI)")
+    ax1.set(xlabel="iteration", ylabel="success rate", title="team success", ylim=(-0.02, 1.02))
+    ax1.legend(loc="best", fontsize=8)
+    for col in [c for c in tr.columns if c.startswith("coach_score/")]:
+        ax2.plot(tr["iteration"], tr[col], "o-", label=col.split("/", 1)[1])
+    ax2.set(xlabel="iteration", ylabel="mean coach score (0-10)", title="coach score per agent", ylim=(0, 10.2))
+    ax2.legend(loc="best", fontsize=8)
+    fig.suptitle(Path(run_dir).name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def summary_markdown(run_dir: str | Path) -> str:
+    """Before/after held-out success with intervals, and the per-iteration table, as markdown."""
+    df = compact(run_table(run_dir))
+    ev = df[df["phase"] == "eval"]
+    lines = [f"# {Path(run_dir).name}", ""]
+    if len(ev) >= 2:
+        a, b = ev.iloc[0], ev.iloc[-1]
+        lines += [f"Held-out success: **{a['success']:.3f}** [{a['ci low']:.3f}, {a['ci high']:.3f}] at iteration "
+                  f"{int(a['iteration'])} -> **{b['success']:.3f}** [{b['ci low']:.3f}, {b['ci high']:.3f}] at "
+                  f"iteration {int(b['iteration'])} (greedy, 95% bootstrap CI)", ""]
+    cols = [c.replace("\n", " ") for c in df.columns]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)

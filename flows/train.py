@@ -2,6 +2,7 @@
 -> update (one per agent), with held-out evaluation before the first and after the last iteration."""
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from prefect.runtime import flow_run
 
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
-from flows.report import partition_metrics, update_metrics
+from flows.report import partition_metrics, plot_run, summary_markdown, update_metrics
 from infra import runs, store
 from infra.tracking import Tracker
 from tasks import context
@@ -73,6 +74,21 @@ def run_iteration(run_dir: str, k: int, agents: list[str], strategy: str) -> dic
     return m
 
 
+def publish_summary(run_dir: Path, tracker: Tracker) -> None:
+    """summary.png + summary.md in the run folder, logged to MLflow and attached to the flow run."""
+    from prefect.artifacts import create_markdown_artifact
+
+    png = plot_run(run_dir)
+    md = summary_markdown(run_dir)
+    (run_dir / "summary.md").write_text(md + f"\n\n![summary]({png.name})\n")
+    tracker.log_artifact(png, "summary")
+    tracker.log_artifact(run_dir / "summary.md", "summary")
+    b64 = base64.b64encode(png.read_bytes()).decode()
+    create_markdown_artifact(key=f"summary-{run_dir.name.lower().replace('_', '-').replace('.', '-')}"[:100],
+                             markdown=md + f"\n\n![summary](data:image/png;base64,{b64})\n\nPlot file: `{png}`",
+                             description="held-out success before/after training and coach score per agent")
+
+
 def _flow_run_name() -> str:
     p = flow_run.parameters
     cfg = p.get("config")
@@ -108,6 +124,7 @@ def train(config: RunConfig, resume: str | None = None) -> str:
                 tracker.log_metrics({f"eval/{k}": v for k, v in evaluate_partition(rd, cfg.iterations).items()},
                                     step=cfg.iterations)
             tracker.log_artifacts(run_dir / "checkpoints", "checkpoints")
+            publish_summary(run_dir, tracker)
         except BaseException:
             tracker.finish("FAILED")
             raise

@@ -43,7 +43,8 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
              greedy: bool = False, batch_size: int = 16, stop_ids: list[int] | None = None) -> list[Generation]:
-    """Sample one response per prompt. Log-probs are of the raw (untempered) policy."""
+    """Sample one response per prompt. Log-probs are of the sampling distribution, softmax(logits / T)
+    (greedy: T = 1), so training with the same T is on-policy."""
     stop = set(stop_ids or [tokenizer.eos_token_id])
     out: list[Generation] = []
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
@@ -57,7 +58,8 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
                              output_logits=True, return_dict_in_generate=True)
         new = gen.sequences[:, ids.shape[1]:]
-        logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float(), dim=-1)
+        t = 1.0 if greedy else temperature
+        logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float() / t, dim=-1)
         chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         for row, i in enumerate(idx):
             toks = new[row].tolist()
@@ -72,8 +74,10 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     return out
 
 
-def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Log-probs of each response token given its prompt, as a [B, R_max] tensor (0 past each end).
+def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs under softmax(logits / T) of each response token given its prompt, as a [B, R_max]
+    tensor (0 past each end).
 
     Prompts are left-padded and responses right-padded so all responses start in the same column;
     only the response positions' logits are computed. Keeps the autograd graph (use no_grad to score).
@@ -89,20 +93,20 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     mask = torch.cat([mask_p, mask_r], dim=1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r_max + 1).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     tok = logp.gather(-1, ids_r.unsqueeze(-1)).squeeze(-1)
     return tok * mask_r
 
 
 @torch.no_grad()
 def score_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                   batch_size: int = 16) -> list[list[float]]:
+                   batch_size: int = 16, temperature: float = 1.0) -> list[list[float]]:
     """Batched, gradient-free response log-probs as ragged lists."""
     out: list[list[float]] = [[] for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        lp = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+        lp = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id, temperature)
         for row, i in enumerate(idx):
             out[i] = lp[row, :len(responses[i])].tolist()
     return out

@@ -66,6 +66,10 @@ class Tracker:
         if self.enabled:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
+    def log_artifact(self, local_file: str | Path, artifact_path: str) -> None:
+        if self.enabled:
+            self.client.log_artifact(self.run_id, str(local_file), artifact_path)
+
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
             self.client.set_terminated(self.run_id, status=status)

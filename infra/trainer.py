@@ -45,7 +45,7 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
 
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
-                optimizer_state: Path | None = None) -> tuple[TrainResult, dict | None]:
+                optimizer_state: Path | None = None, temperature: float = 1.0) -> tuple[TrainResult, dict | None]:
     """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
     (None when the update was skipped: weights are then restored to what they were)."""
     t0 = time.perf_counter()
@@ -63,7 +63,8 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
             for start in range(0, len(order), minibatch_size):
                 mb = [items[i] for i in order[start:start + minibatch_size]]
                 n = max(1, max(len(it.response_ids) for it in mb))
-                logp = response_logprobs(model, [it.prompt_ids for it in mb], [it.response_ids for it in mb], pad)
+                logp = response_logprobs(model, [it.prompt_ids for it in mb], [it.response_ids for it in mb], pad,
+                                         temperature)
                 old = _pad([it.old_logprobs for it in mb], n, torch.float32)
                 adv = _pad([it.advantages for it in mb], n, torch.float32)
                 mask = _pad([it.mask for it in mb], n, torch.float32)

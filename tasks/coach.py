@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
+          "PROCESS_SCORE: N (N an integer from 0 to 10).")
 SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
 
 
@@ -28,19 +30,22 @@ class CoachConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["rubric", "llm"] = Field("rubric", description="`rubric` (deterministic, offline) or `llm` "
-                                              "(OpenAI-compatible endpoint)")
+    backend: Literal["rubric", "llm", "outcome"] = Field(
+        "rubric", description="`rubric` (deterministic, offline), `llm` (OpenAI-compatible endpoint) or `outcome` "
+        "(no process reward: every action gets the sparse end-of-episode outcome, x10)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="llm: the endpoint's /v1 URL")
     model: str = Field("coach", description="llm: model name sent to the endpoint")
     api_key_env: str = Field("OPENAI_API_KEY", description="llm: environment variable holding the API key "
                              "(a placeholder is sent when unset, as local servers expect)")
     temperature: float = Field(0.0, ge=0, le=2, description="llm: sampling temperature")
-    max_tokens: int = Field(256, ge=8, description="llm: reply token limit")
+    max_tokens: int = Field(256, ge=1, description="llm: reply token limit")
     timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout")
     max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (with backoff) on 429/5xx/connection errors")
     concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests")
     reask: int = Field(1, ge=0, le=5, description="llm: re-asks after a malformed answer before recording it missing")
     max_context_chars: int = Field(2000, ge=100, description="llm: the agent's input context is cut to this")
+    few_shot: bool = Field(True, description="llm: send one worked example turn first (helps small coaches "
+                           "keep the answer format)")
     cache: bool = Field(True, description="llm: cache answers by (model, prompt hash) in <run.dir>/coach-cache.sqlite")
 
 
@@ -84,6 +89,12 @@ def build_prompt(r: CoachRequest, max_context_chars: int) -> str:
         "blame that agent, not this one. Give a one-sentence rationale, then end with the line\n"
         "PROCESS_SCORE: N\nwhere N is an integer from 0 (harmful) to 10 (perfect)."
     )
+
+
+# One worked example turn before the real request: small coaches copy the answer format from it.
+EXAMPLE = (CoachRequest("Compute 2*5.", "Code Executor: writes Python that prints the answer", "Problem: Compute 2*5.",
+                        "```python\nprint(2+5)\n```", "Program output: 7. Correct answer: 10."),
+           "The program adds instead of multiplying, so it prints the wrong number.\nPROCESS_SCORE: 2")
 
 
 class _Cache:
@@ -130,7 +141,11 @@ class LLMCoach:
         if self.cache and (hit := self.cache.get(key)):
             return CoachResult(hit["score"], hit["rationale"], "ok", 0.0, cached=True)
         t0 = time.perf_counter()
-        messages = [{"role": "user", "content": prompt}]
+        messages = [{"role": "system", "content": SYSTEM}]
+        if self.cfg.few_shot:
+            messages += [{"role": "user", "content": build_prompt(EXAMPLE[0], self.cfg.max_context_chars)},
+                         {"role": "assistant", "content": EXAMPLE[1]}]
+        messages.append({"role": "user", "content": prompt})
         try:
             for attempt in range(self.cfg.reask + 1):
                 text = self._ask(messages)
@@ -140,8 +155,8 @@ class LLMCoach:
                         self.cache.put(key, {"score": score, "rationale": text})
                     return CoachResult(score, text, "ok", time.perf_counter() - t0)
                 messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": "Your reply lacked a valid final line. Answer again, "
-                              "ending with exactly: PROCESS_SCORE: N (an integer 0-10)."}]
+                             {"role": "user", "content": "Now give only the score line, exactly in this form: "
+                              "PROCESS_SCORE: N"}]
             return CoachResult(None, text, "malformed", time.perf_counter() - t0)
         except openai.APITimeoutError as e:
             return CoachResult(None, f"timeout: {e}", "timeout", time.perf_counter() - t0)

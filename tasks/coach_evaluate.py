@@ -31,6 +31,8 @@ def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Ep
 def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
     cfg = context.section(run_dir, "coach", CoachConfig)
     pipe = context.pipeline(run_dir)
+    if cfg.backend == "outcome":  # MAPPA's outcome-only baseline: the shared sparse team reward
+        return [[CoachResult(10.0 * e.outcome, "episode outcome", "ok", 0.0) for _ in e.actions] for e in episodes]
     if cfg.backend == "rubric":
         out = []
         for e in episodes:
@@ -67,7 +69,7 @@ def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
         cfg = context.section(run_dir, "coach", CoachConfig)
         episodes = load_partition_episodes(run_dir, iteration, phase)
         results = score_episodes(run_dir, episodes)
-        model = "rubric" if cfg.backend == "rubric" else cfg.model
+        model = cfg.model if cfg.backend == "llm" else cfg.backend
         run_id = context.value(run_dir, "run_id")
         rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
                  "turn": int(a["turn"]), "agent": a["agent"], "score": r.score, "rationale": r.rationale,

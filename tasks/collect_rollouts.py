@@ -21,8 +21,11 @@ class RolloutConfig(BaseModel):
 
     questions: int = Field(8, ge=1, description="training questions per iteration")
     group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
-    temperature: float = Field(1.0, gt=0, le=5, description="sampling temperature of training rollouts")
+    temperature: float = Field(1.0, gt=0, le=5, description="sampling temperature of training rollouts; "
+                               "log-probs (policy, reference, training) are of softmax(logits / T)")
     eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
+    eval_samples: int = Field(0, ge=0, le=64, description="sampled episodes per held-out question for pass@k "
+                              "(0: greedy only)")
 
 
 def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
@@ -34,8 +37,12 @@ def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None)
 
 
 def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], split: str = "train",
-         greedy: bool = False) -> dict:
-    """Play the episodes of one partition and write them; returns a small summary."""
+         greedy: bool = False, part: str = "all") -> dict:
+    """Play the episodes of one partition file and write them; returns a small summary.
+
+    part="all": the partition's main episodes (greedy: one per question; else `group_size` per question);
+    part="samples": `eval_samples` sampled episodes per question, for pass@k next to the greedy ones.
+    """
     cfg = context.section(run_dir, "rollout", RolloutConfig)
     engines = context.section(run_dir, "engines", EnginesConfig)
     pipe = context.pipeline(run_dir)
@@ -45,15 +52,19 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     tok = policy.tokenizer
     seed = context.value(run_dir, "seed")
     problems = _select(run_dir, iteration, phase, split, cfg.eval_questions if split == "eval" else cfg.questions)
-    g = 1 if greedy else cfg.group_size
+    sampled = part == "samples"
+    if sampled:
+        greedy, g, tag = False, cfg.eval_samples, "s"
+    else:
+        g, tag = (1 if greedy else cfg.group_size), ""
     plist = [p for p in problems for _ in range(g)]
-    eids = [f"{phase}-{i // g:04d}-{i % g:02d}" for i in range(len(plist))]
+    eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     budgets = pipe.cfg.max_new_tokens
 
     with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
         def act(agent: str, chats: list[list[dict]]):
-            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, agent))
+            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, part, agent))
             prompts = [encode_chat(tok, c) for c in chats]
             with policy.acting(agent) as model:
                 out = generate(model, tok, prompts, budgets.get(agent, 64), temperature=cfg.temperature,
@@ -62,12 +73,18 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
             return out
 
         episodes = pipe.run_episodes(plist, eids, gids, act)
+    for e in episodes:
+        e.metrics["greedy"] = float(greedy)
 
     run_id = context.value(run_dir, "run_id")
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
-    with policy.reference() as ref:  # one pass for every agent: all share the frozen base
-        refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
-                              tok.pad_token_id, batch_size=engines.batch_size)
+    if split == "eval":  # evaluation trains nothing: no reference pass (ref_logprobs stay null)
+        refs = [None] * len(actions)
+    else:
+        with policy.reference() as ref:  # one pass for every agent: all share the frozen base
+            refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
+                                  tok.pad_token_id, batch_size=engines.batch_size,
+                                  temperature=1.0 if greedy else cfg.temperature)
     rows = []
     for a, r in zip(actions, refs):
         rows.append(a | {"run_id": run_id, "iteration": iteration, "phase": phase, "ref_logprobs": r,
@@ -79,21 +96,23 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
                 "num_turns": len(e.actions), "policy_versions": dict(versions), "question": e.problem.question,
                 "answer": e.problem.answer} for e in episodes]
     # actions first, episodes last: the episodes file marks the partition pair complete.
-    store.write_partition(run_dir, "actions", iteration, phase, rows, name="all")
-    store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name="all")
+    store.write_partition(run_dir, "actions", iteration, phase, rows, name=part)
+    store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name=part)
     return {"episodes": len(episodes), "success": sum(e.success for e in episodes) / max(1, len(episodes)),
             "tokens": sum(len(a["response_ids"]) for a in actions)}
 
 
 def _key(ctx, params) -> str:
-    done = store.partition_exists(params["run_dir"], "episodes", params["iteration"], params["phase"], name="all")
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "collect_rollouts")
+    part = params.get("part", "all")
+    done = store.partition_exists(params["run_dir"], "episodes", params["iteration"], params["phase"], name=part)
+    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], part,
+                                     "collect_rollouts")
 
 
 @task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)
 def collect_rollouts(run_dir: str, iteration: int, phase: str, versions: dict[str, int],
-                     split: str = "train", greedy: bool = False) -> str:
-    """Play one partition of episodes (skipped when it is already complete); returns its path."""
-    if not store.partition_exists(run_dir, "episodes", iteration, phase, name="all"):
-        play(run_dir, iteration, phase, versions, split, greedy)
+                     split: str = "train", greedy: bool = False, part: str = "all") -> str:
+    """Play one partition file of episodes (skipped when it is already complete); returns its path."""
+    if not store.partition_exists(run_dir, "episodes", iteration, phase, name=part):
+        play(run_dir, iteration, phase, versions, split, greedy, part)
     return str(Path(run_dir) / "episodes" / f"iteration={iteration}" / f"phase={phase}")

@@ -13,6 +13,7 @@ from infra.progress import progress_bar
 from infra.trainer import TrainItem, train_agent
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
+from tasks.collect_rollouts import RolloutConfig
 from tasks.losses import ppo_clip_loss
 
 
@@ -45,7 +46,8 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
             res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
                                          lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
                                          minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
-                                         seed=seed, optimizer_state=ckpt / "optimizer.pt")
+                                         seed=seed, optimizer_state=ckpt / "optimizer.pt",
+                                         temperature=context.section(run_dir, "rollout", RolloutConfig).temperature)
             advance()
         row |= {"kl": res.stats.get("kl_old"), "surrogate_gain": res.stats.get("surrogate"),
                 "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,

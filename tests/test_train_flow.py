@@ -144,3 +144,25 @@ def test_cli_train_and_runs_show(prefect_harness, tmp_path):
     assert "cli" in res.output
     res = runner.invoke(app, ["runs", "show", "nope", "--dir", str(tmp_path)])
     assert res.exit_code == 2 and "no run 'nope'" in res.output
+
+
+def test_outcome_coach_pass_at_k_and_summary(prefect_harness, tmp_path):
+    """`coach.backend=outcome` gives every action the sparse episode outcome; eval samples give pass@k;
+    the run ends with a summary plot and table (also an MLflow artifact)."""
+    from flows.report import partition_metrics
+    from flows.train import train
+
+    run_dir = Path(train(config=tiny_config(tmp_path, "coach.backend=outcome", "iterations=1",
+                                            "rollout.eval_samples=2", "pipeline.eval_size=4")))
+    df = store.load_actions(run_dir, phase="rollout")
+    eps = store.load_episodes(run_dir, phase="rollout").set_index("episode_id")["outcome"]
+    assert (df["score"].to_numpy() == 10.0 * eps.loc[df["episode_id"]].to_numpy()).all()
+    assert set(df["coach_model"]) == {"outcome"}
+    ev = store.load_episodes(run_dir, iteration=1, phase="eval")
+    assert len(ev) == 4 * (1 + 2)  # greedy + 2 samples per held-out question
+    m = partition_metrics(run_dir, 1, "eval")
+    assert "pass_at_2" in m and 0.0 <= m["pass_at_2"] <= 1.0
+    assert 0.0 <= m["success_ci_low"] <= m["success_rate"] <= m["success_ci_high"] <= 1.0
+    assert m["tool_use/executor"] >= 0.0 and m["tool_use/solver"] == 0.0
+    assert (run_dir / "summary.png").stat().st_size > 10_000
+    assert "Held-out success" in (run_dir / "summary.md").read_text()

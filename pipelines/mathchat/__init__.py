@@ -19,9 +19,9 @@ class MathChatConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["mathchat"] = "mathchat"
-    families: list[Literal["arith", "two_step", "number_theory"]] = Field(
+    families: list[Literal["arith", "one_step", "two_step", "number_theory"]] = Field(
         default_factory=lambda: ["two_step", "number_theory"], min_length=1,
-        description="problem families mixed round-robin: arith | two_step | number_theory")
+        description="problem families mixed round-robin (easiest first): arith | one_step | two_step | number_theory")
     train_size: int = Field(512, ge=1, description="generated training problems")
     eval_size: int = Field(100, ge=1, description="generated held-out problems (disjoint from train)")
     problems_file: str | None = Field(None, description="JSONL of {question, answer}: replaces the generated "
@@ -34,7 +34,8 @@ class MathChatConfig(BaseModel):
 
 SOLVER = ("You are the Problem Solver. In one or two short sentences, say how to compute the answer. "
           "Do not write code.")
-EXECUTOR = "You are the Code Executor. Write a short Python program in a ```python block that prints the answer."
+EXECUTOR = ("You are the Code Executor. Reply with only a short Python program in a ```python block "
+            "that prints the answer.")
 VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
 
 CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
@@ -86,7 +87,8 @@ class MathChat:
             e.actions.append(_action(0, "solver", g))
         # Turn 1: the executor writes code, which runs in the sandbox.
         codes = act("executor", [[{"role": "system", "content": EXECUTOR},
-                                  {"role": "user", "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}"}]
+                                  {"role": "user", "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}\n"
+                                   "Write the Python program."}]
                                  for e, p in zip(eps, plans)])
         sources = [extract_code(g.text) for g in codes]
         with ThreadPoolExecutor(max_workers=4) as pool:

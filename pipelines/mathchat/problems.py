@@ -20,6 +20,17 @@ def _arith(r: random.Random) -> tuple[str, int]:
     return f"Compute {a} {op} {b}.", eval(f"{a}{op}{b}")
 
 
+def _one_step(r: random.Random) -> tuple[str, int]:
+    n, item = r.choice(NAMES), r.choice(ITEMS)
+    a, b = r.randint(5, 60), r.randint(2, 30)
+    kind = r.randrange(3)
+    if kind == 0:
+        return f"{n} has {a} {item} and gets {b} more. How many {item} does {n} have?", a + b
+    if kind == 1:
+        return f"{n} has {a + b} {item} and gives away {b}. How many {item} are left?", a
+    return f"{n} buys {a} packs with {b % 9 + 2} {item} each. How many {item} is that?", a * (b % 9 + 2)
+
+
 def _two_step(r: random.Random) -> tuple[str, int]:
     n, item = r.choice(NAMES), r.choice(ITEMS)
     a, b = r.randint(3, 30), r.randint(2, 12)
@@ -51,7 +62,7 @@ def _number_theory(r: random.Random) -> tuple[str, int]:
     return f"How many multiples of {k} are there from 1 to {n}?", n // k
 
 
-FAMILIES = {"arith": _arith, "two_step": _two_step, "number_theory": _number_theory}
+FAMILIES = {"arith": _arith, "one_step": _one_step, "two_step": _two_step, "number_theory": _number_theory}
 
 
 def generate(families: list[str], n: int, seed: int, exclude: set[str] = frozenset()) -> list[Problem]:

@@ -59,15 +59,16 @@ def rubric_scores(ep: Episode) -> list[tuple[float, str]]:
     else:
         so = (round(2.0 + 4.0 * used, 2), f"plan did not lead to the answer; used {used:.0%} of the quantities")
 
-    # Verifier: blamed only for what it states, not for an upstream failure it reports faithfully.
+    # Verifier: blamed only for what it states. With no program result it has no evidence: a neutral
+    # score whatever it says (unless it states the truth), so failing upstream never teaches it silence.
     stated = ep.final_answer
     if stated == truth:
         ve = (10.0, "stated the correct answer")
     elif code_right:
         ve = (0.0, f"program output was correct ({printed}) but the verifier stated {stated or 'nothing'}")
-    elif printed is None and not stated:
-        ve = (6.0, "correctly reported that the program gave no result; upstream is at fault")
-    elif printed is not None and stated == str(printed):
+    elif printed is None:
+        ve = (5.0, "the program gave no result; upstream is at fault")
+    elif stated == str(printed):
         ve = (5.0, "faithfully reported the (wrong) program output; upstream is at fault")
     elif not stated:
         ve = (3.0, "stated no answer although the program printed one")

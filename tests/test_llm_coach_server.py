@@ -1,0 +1,113 @@
+"""The `llm` coach against a real OpenAI-compatible server: `transformers serve` on 127.0.0.1 serving
+the converted SmolLM2-135M-Instruct folder. No mock stands in for it."""
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from infra.models import smollm2_dir
+from tasks.coach import CoachConfig, CoachRequest, LLMCoach
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    model_dir = smollm2_dir()
+    port = _free_port()
+    exe = Path(sys.executable).parent / "transformers"
+    proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("transformers serve did not become healthy in 120 s")
+        yield f"{url}/v1", str(model_dir)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class CountingCoach(LLMCoach):
+    """The real client, counting the HTTP requests it makes."""
+
+    calls = 0
+
+    def _ask(self, messages):
+        type(self).calls += 1
+        return super()._ask(messages)
+
+
+def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
+    from flows.train import saved_config  # noqa: F401  (the run's episodes come from the real flow)
+    from tasks.coach_evaluate import load_partition_episodes
+    from tasks import context
+
+    _, run_dir = trained_run
+    pipe = context.pipeline(str(run_dir))
+    roles = {a.name: a.role for a in pipe.agents}
+    reqs = []
+    for ep in load_partition_episodes(str(run_dir), 1, "rollout")[:n]:
+        reqs += [CoachRequest(ep.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], fb)
+                 for a, fb in zip(ep.actions, pipe.feedback(ep))]
+    return reqs
+
+
+def test_llm_coach_scores_real_episodes_and_caches(server, trained_run, tmp_path):
+    base_url, model = server
+    cfg = CoachConfig(backend="llm", base_url=base_url, model=model, max_tokens=40, concurrency=2)
+    CountingCoach.calls = 0
+    coach = CountingCoach(cfg, cache_path=tmp_path / "cache.sqlite")
+    reqs = _episode_requests(trained_run, 1)  # one MathChat episode: solver, executor, verifier
+    results = coach.score_many(reqs)
+    assert len(results) == 3
+    for r in results:
+        assert r.status in ("ok", "malformed") and r.latency_s > 0 and not r.cached
+        assert r.score is None if r.status == "malformed" else 0 <= r.score <= 10
+    assert sum(r.status == "ok" for r in results) >= 1, [r.rationale for r in results]
+    first_calls = CountingCoach.calls
+    # the same prompts again: every parsed score comes from the cache, without an HTTP request
+    again = coach.score_many(reqs)
+    ok = [i for i, r in enumerate(results) if r.status == "ok"]
+    for i in ok:
+        assert again[i].cached and again[i].score == results[i].score and again[i].latency_s == 0.0
+    assert CountingCoach.calls - first_calls == 2 * (len(reqs) - len(ok))  # only malformed ones are re-sent
+
+
+def test_malformed_reply_is_reasked_then_recorded_missing(server, trained_run):
+    base_url, model = server
+    # 3 tokens cannot hold a rationale and the score line: the reply is malformed, re-asked once, then missing
+    cfg = CoachConfig(backend="llm", base_url=base_url, model=model, max_tokens=3, reask=1, cache=False)
+    CountingCoach.calls = 0
+    r = CountingCoach(cfg).score(_episode_requests(trained_run, 1)[1])
+    assert r.status == "malformed" and r.score is None
+    assert CountingCoach.calls == 2
+
+
+def test_unreachable_coach_is_an_error_not_a_crash():
+    port = _free_port()  # nothing listens here
+    cfg = CoachConfig(backend="llm", base_url=f"http://127.0.0.1:{port}/v1", model="x", max_retries=0, timeout_s=5)
+    r = LLMCoach(cfg).score(CoachRequest("q", "role", "ctx", "act", "fb"))
+    assert r.status == "error" and r.score is None and "Connection" in r.rationale
