@@ -45,7 +45,8 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
 
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
-                optimizer_state: Path | None = None, temperature: float = 1.0) -> tuple[TrainResult, dict | None]:
+                optimizer_state: Path | None = None, temperature: float = 1.0,
+                micro_batch_size: int = 2) -> tuple[TrainResult, dict | None]:
     """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
     (None when the update was skipped: weights are then restored to what they were)."""
     t0 = time.perf_counter()
@@ -62,15 +63,26 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
             order = rng.permutation(len(items))
             for start in range(0, len(order), minibatch_size):
                 mb = [items[i] for i in order[start:start + minibatch_size]]
-                n = max(1, max(len(it.response_ids) for it in mb))
-                logp = response_logprobs(model, [it.prompt_ids for it in mb], [it.response_ids for it in mb], pad,
-                                         temperature)
-                old = _pad([it.old_logprobs for it in mb], n, torch.float32)
-                adv = _pad([it.advantages for it in mb], n, torch.float32)
-                mask = _pad([it.mask for it in mb], n, torch.float32)
-                loss, stats = loss_fn(logp, old, adv, mask)
+                mb_tokens = max(1, sum(sum(it.mask) for it in mb))
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss_sum, stats_sum = 0.0, {}
+                # Micro-batches bound activation memory; weighting each micro-batch's token-mean loss by
+                # its share of the minibatch's tokens makes the summed gradient the minibatch token-mean's.
+                for m0 in range(0, len(mb), micro_batch_size):
+                    micro = mb[m0:m0 + micro_batch_size]
+                    n = max(1, max(len(it.response_ids) for it in micro))
+                    logp = response_logprobs(model, [it.prompt_ids for it in micro],
+                                             [it.response_ids for it in micro], pad, temperature)
+                    old = _pad([it.old_logprobs for it in micro], n, torch.float32)
+                    adv = _pad([it.advantages for it in micro], n, torch.float32)
+                    mask = _pad([it.mask for it in micro], n, torch.float32)
+                    loss, stats = loss_fn(logp, old, adv, mask)
+                    share = mask.sum().item() / mb_tokens
+                    (loss * share).backward()
+                    loss_sum += loss.item() * share
+                    for k, v in stats.items():
+                        stats_sum[k] = stats_sum.get(k, 0.0) + v * share
+                loss, stats = torch.tensor(loss_sum), stats_sum
                 gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
                 if not (math.isfinite(loss.item()) and math.isfinite(gnorm.item())):
                     with torch.no_grad():
@@ -81,7 +93,7 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                                        f"non-finite {what}; update skipped, weights restored", {}), None
                 opt.step()
                 losses.append(loss.item())
-                tokens += int(mask.sum().item())
+                tokens += int(sum(sum(it.mask) for it in mb))
                 for k, v in (stats | {"grad_norm": gnorm.item()}).items():
                     stats_acc.setdefault(k, []).append(v)
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()}

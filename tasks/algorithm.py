@@ -26,6 +26,8 @@ class AlgorithmConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     epochs: int = Field(1, ge=1, le=100, description="passes over the agent's batch per update")
     minibatch_size: int = Field(8, ge=1, description="actions per gradient step")
+    micro_batch_size: int = Field(2, ge=1, description="actions per forward/backward pass (gradients are "
+                                  "accumulated over the minibatch; bounds activation memory)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
 
     @field_validator("estimator")

@@ -46,6 +46,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
             res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
                                          lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
                                          minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
+                                         micro_batch_size=cfg.micro_batch_size,
                                          seed=seed, optimizer_state=ckpt / "optimizer.pt",
                                          temperature=context.section(run_dir, "rollout", RolloutConfig).temperature)
             advance()

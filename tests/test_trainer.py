@@ -1,0 +1,62 @@
+"""The torch trainer: micro-batching changes memory, not the update; non-finite steps are refused."""
+from functools import partial
+
+import pytest
+import torch
+
+from infra.models import ModelConfig
+from infra.policy import TeamPolicy
+from infra.trainer import TrainItem, train_agent
+from tasks.losses import ppo_clip_loss
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8), ["a"], seed=0)
+
+
+def _items(n=6):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        p = torch.randint(10, 1000, (5 + i,), generator=g).tolist()
+        r = torch.randint(10, 1000, (3 + i % 3,), generator=g).tolist()
+        adv = torch.randn(len(r), generator=g).tolist()
+        out.append(TrainItem(p, r, [-10.0] * len(r), adv, [1] * len(r)))
+    return out
+
+
+def _gradient(policy, items, micro):
+    """One minibatch step with lr = 0: the weights stay put and .grad holds the minibatch gradient."""
+    for p in policy.parameters("a"):  # the same adapter weights for every call
+        torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
+    res, _ = train_agent(policy, "a", items, partial(ppo_clip_loss, clip_eps=0.2), lr=0.0, weight_decay=0.0,
+                         epochs=1, minibatch_size=len(items), max_grad_norm=1e9, seed=0, micro_batch_size=micro)
+    return res, [p.grad.detach().clone() for p in policy.parameters("a")]
+
+
+def test_micro_batches_give_the_minibatch_gradient(policy):
+    items = _items()
+    res_full, full = _gradient(policy, items, micro=len(items))
+    res_micro, micro = _gradient(policy, items, micro=1)
+    assert res_full.tokens == res_micro.tokens == sum(len(it.response_ids) for it in items)
+    assert res_full.loss == pytest.approx(res_micro.loss, rel=1e-4)
+    assert sum(g.abs().sum() for g in full) > 0
+    for a, b in zip(full, micro):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_non_finite_loss_skips_and_restores(policy):
+    items = _items(2)
+
+    def nan_loss(logp, old, adv, mask):
+        return (logp * float("nan")).sum(), {}
+
+    for p in policy.parameters("a"):
+        torch.nn.init.normal_(p, std=0.02)
+    before = [p.detach().clone() for p in policy.parameters("a")]
+    res, state = train_agent(policy, "a", items, nan_loss, lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2,
+                             max_grad_norm=1.0, seed=0)
+    assert res.skipped and state is None and "non-finite" in res.reason
+    for a, b in zip(before, policy.parameters("a")):
+        assert torch.equal(a, b)
