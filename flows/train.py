@@ -90,10 +90,10 @@ def publish_summary(run_dir: Path, tracker: Tracker) -> None:
 
 
 def _flow_run_name() -> str:
+    """train-<pipeline>-<run id> (the resumed run's id, the configured one, or `new`)."""
     p = flow_run.parameters
-    cfg = p.get("config")
-    pipeline = getattr(getattr(cfg, "pipeline", None), "name", None) or (cfg or {}).get("pipeline", {}).get("name", "run")
-    return f"train-{pipeline}-{p.get('resume') or getattr(getattr(cfg, 'run', None), 'id', None) or 'new'}"
+    cfg = p["config"] if isinstance(p["config"], RunConfig) else RunConfig.model_validate(p["config"])
+    return f"train-{cfg.pipeline.name}-{p.get('resume') or cfg.run.id or 'new'}"
 
 
 @flow(name="train", flow_run_name=_flow_run_name, log_prints=True)

@@ -46,7 +46,8 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
                 optimizer_state: Path | None = None, temperature: float = 1.0,
-                micro_batch_size: int = 2) -> tuple[TrainResult, dict | None]:
+                micro_batch_size: int = 2,
+                on_step: Callable[[], None] | None = None) -> tuple[TrainResult, dict | None]:
     """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
     (None when the update was skipped: weights are then restored to what they were)."""
     t0 = time.perf_counter()
@@ -92,6 +93,8 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                     return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
                                        f"non-finite {what}; update skipped, weights restored", {}), None
                 opt.step()
+                if on_step:
+                    on_step()
                 losses.append(loss.item())
                 tokens += int(sum(sum(it.mask) for it in mb))
                 for k, v in (stats | {"grad_norm": gnorm.item()}).items():

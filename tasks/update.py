@@ -38,18 +38,18 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
     row = {"run_id": context.value(run_dir, "run_id"), "iteration": iteration, "phase": phase, "agent": agent,
            "strategy": cfg.strategy, "penalty": None, "certificate": None, "version_before": version_before}
     if not items:
-        res, opt_state = None, None
         row |= {"kl": None, "surrogate_gain": None, "loss": None, "tokens": 0, "seconds": 0.0,
                 "version_after": version_before, "skipped": True, "reason": "no scored actions for this agent"}
     else:
-        with progress_bar(f"update {agent} it={iteration}", 1) as advance:
+        steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
+        with progress_bar(f"update {agent} it={iteration}", steps) as advance:
             res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
                                          lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
                                          minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
                                          micro_batch_size=cfg.micro_batch_size,
                                          seed=seed, optimizer_state=ckpt / "optimizer.pt",
-                                         temperature=context.section(run_dir, "rollout", RolloutConfig).temperature)
-            advance()
+                                         temperature=context.section(run_dir, "rollout", RolloutConfig).temperature,
+                                         on_step=advance)
         row |= {"kl": res.stats.get("kl_old"), "surrogate_gain": res.stats.get("surrogate"),
                 "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
                 "skipped": res.skipped, "reason": res.reason}
