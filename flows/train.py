@@ -103,6 +103,8 @@ def train(config: RunConfig, resume: str | None = None) -> str:
     run_dir = prepare_run(config, resume)
     cfg = saved_config(run_dir)
     with runs.run_lock(run_dir):
+        if resume and (n := runs.remove_temporaries(run_dir)):
+            logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)
         agents = [a.name for a in context.pipeline(rd).agents]
         policy = context.policy(rd)

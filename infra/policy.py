@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from infra.faults import crash_point
 from infra.models import ModelConfig, load_base, load_tokenizer
 
 
@@ -97,10 +98,11 @@ class TeamPolicy:
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
+        crash_point("checkpoint")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        pointer = root / f".latest-{uuid.uuid4().hex}"
+        pointer = root / f".tmp-latest-{uuid.uuid4().hex}"
         pointer.write_text(str(version))
         os.replace(pointer, root / "latest")
         self._loaded[agent] = (_key(run_dir), version)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -53,6 +54,18 @@ def list_runs(root: str | Path) -> list[str]:
         return []
     runs = [p for p in root.iterdir() if (p / "config.yaml").exists()]
     return [p.name for p in sorted(runs, key=lambda p: (p / "config.yaml").stat().st_mtime)]
+
+
+def remove_temporaries(run_dir: str | Path) -> int:
+    """Delete what a killed writer left half-written (`.tmp-*` files and folders); call under the lock."""
+    n = 0
+    for p in sorted(Path(run_dir).rglob(".tmp-*"), reverse=True):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        n += 1
+    return n
 
 
 @contextmanager

@@ -16,6 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.faults import crash_point
+
 KEYS = ["run_id", "iteration", "phase", "episode_id", "turn", "agent"]
 
 _key_fields = [
@@ -132,6 +134,7 @@ def write_partition(run_dir: str | Path, table: str, iteration: int, phase: str,
     pq.write_table(t, tmp)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
+    crash_point("partition")
     os.replace(tmp, final)
     return d
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from infra import store
+from infra.faults import crash_point
 from pipelines.base import Episode, Problem
 from tasks import context
 from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
@@ -75,5 +76,6 @@ def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
                  "turn": int(a["turn"]), "agent": a["agent"], "score": r.score, "rationale": r.rationale,
                  "coach_model": model, "latency_s": r.latency_s, "status": r.status}
                 for e, rs in zip(episodes, results) for a, r in zip(e.actions, rs)]
+        crash_point("coach_evaluate")
         store.write_partition(run_dir, "coach", iteration, phase, rows, name="all")
     return str(Path(run_dir) / "coach" / f"iteration={iteration}" / f"phase={phase}")

@@ -9,6 +9,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra import store
+from infra.faults import crash_point
 from infra.generation import EnginesConfig, encode_chat, generate, score_logprobs
 from infra.progress import progress_bar
 from tasks import context
@@ -62,9 +63,12 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     budgets = pipe.cfg.max_new_tokens
 
+    calls = [0]  # an agent may act on several turns: each call gets its own seed
+
     with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
         def act(agent: str, chats: list[list[dict]]):
-            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, part, agent))
+            calls[0] += 1
+            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, part, agent, calls[0]))
             prompts = [encode_chat(tok, c) for c in chats]
             with policy.acting(agent) as model:
                 out = generate(model, tok, prompts, budgets.get(agent, 64), temperature=cfg.temperature,
@@ -97,6 +101,7 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
                 "answer": e.problem.answer} for e in episodes]
     # actions first, episodes last: the episodes file marks the partition pair complete.
     store.write_partition(run_dir, "actions", iteration, phase, rows, name=part)
+    crash_point("resample" if phase.startswith("resample") else "collect_rollouts")
     store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name=part)
     return {"episodes": len(episodes), "success": sum(e.success for e in episodes) / max(1, len(episodes)),
             "tokens": sum(len(a["response_ids"]) for a in actions)}

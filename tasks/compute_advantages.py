@@ -7,6 +7,7 @@ import numpy as np
 from prefect import task
 
 from infra import store
+from infra.faults import crash_point
 from tasks import context
 from tasks.advantages import Sample, blend_score, estimate
 from tasks.algorithm import AlgorithmConfig
@@ -48,6 +49,7 @@ def _key(ctx, params) -> str:
 @task(name="compute_advantages", cache_key_fn=_key, persist_result=True)
 def compute_advantages(run_dir: str, iteration: int, phase: str) -> str:
     if not store.partition_exists(run_dir, "advantages", iteration, phase, name="all"):
-        store.write_partition(run_dir, "advantages", iteration, phase, advantage_rows(run_dir, iteration, phase),
-                              name="all")
+        rows = advantage_rows(run_dir, iteration, phase)
+        crash_point("compute_advantages")
+        store.write_partition(run_dir, "advantages", iteration, phase, rows, name="all")
     return str(Path(run_dir) / "advantages" / f"iteration={iteration}" / f"phase={phase}")

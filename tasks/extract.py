@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from infra.faults import crash_point
 from tasks import context
 
 
@@ -15,4 +16,5 @@ def extract(run_dir: str, iteration: int, phase: str, rollout_path: str) -> str:
     pipe = context.pipeline(run_dir)
     if any(a.system == 1 for a in pipe.agents):
         raise NotImplementedError(f"pipeline {pipe.name!r} has System-1 agents but no extraction stage")
+    crash_point("extract")
     return rollout_path

@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import task
 
 from infra import store
+from infra.faults import crash_point
 from infra.progress import progress_bar
 from infra.trainer import TrainItem, train_agent
 from tasks import context
@@ -57,6 +58,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
             warnings.warn(f"{agent} iteration {iteration}: {res.reason}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before
         else:
+            crash_point("update")
             row["version_after"] = version_before + 1
             policy.save(run_dir, agent, version_before + 1, optimizer_state=opt_state,
                         extra={"iteration": iteration, "phase": phase})

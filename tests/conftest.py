@@ -29,3 +29,14 @@ def trained_run(prefect_harness, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     run_dir = train(config=tiny_config(root, "run.id=spine", "seed=1"))
     return root, run_dir
+
+
+def table_content(run_dir, table):
+    """A table without the columns that legitimately differ between runs (ids, timings), as strings."""
+    from infra import store
+
+    drop = {"run_id", "latency_s", "seconds"}
+    df = store.read_table(run_dir, table)
+    df = df[[c for c in df.columns if c not in drop]]
+    keys = [c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]
+    return df.sort_values(keys).reset_index(drop=True).astype(str)

@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import tiny_config
+from conftest import table_content, tiny_config
 
 from infra import store
 from infra.policy import latest_version
@@ -76,14 +76,6 @@ def test_mlflow_has_params_and_metrics(trained_run):
     assert "checkpoints/solver" in arts
 
 
-def _content(run_dir, table):
-    drop = {"run_id", "latency_s", "seconds"}
-    df = store.read_table(run_dir, table)
-    df = df[[c for c in df.columns if c not in drop]]
-    return df.sort_values([c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]).reset_index(
-        drop=True).astype(str)
-
-
 def test_same_seed_same_tables_and_resume(trained_run, tmp_path):
     """A second run with the same seed, interrupted after iteration 1's coach stage and resumed,
     ends with exactly the tables of the uninterrupted run."""
@@ -95,7 +87,7 @@ def test_same_seed_same_tables_and_resume(trained_run, tmp_path):
     cfg = tiny_config(tmp_path, "run.id=again", "seed=1")
     run_dir = Path(train(config=cfg))
     for table in ("episodes", "actions", "coach", "advantages", "updates"):
-        pd.testing.assert_frame_equal(_content(ref_dir, table), _content(run_dir, table), obj=table)
+        pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
     # simulate a crash in iteration 2 after the coach stage: later stages' outputs are gone
     for table in ("advantages", "updates"):
         shutil.rmtree(run_dir / table / "iteration=2")
@@ -106,7 +98,7 @@ def test_same_seed_same_tables_and_resume(trained_run, tmp_path):
     after = (run_dir / "actions" / "iteration=2" / "phase=rollout" / "part-all.parquet").stat().st_mtime_ns
     assert before == after, "finished rollouts were redone"
     for table in ("episodes", "actions", "coach", "advantages", "updates"):
-        pd.testing.assert_frame_equal(_content(ref_dir, table), _content(run_dir, table), obj=table)
+        pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
 
 
 def test_same_run_id_refused(trained_run):
