@@ -37,8 +37,6 @@ def _teamrl(args, log: Path, env_extra=None):
 
 @pytest.mark.parametrize("fault", [
     "collect_rollouts:2",     # iteration 1's rollouts generated, actions written, episodes not
-    "coach_evaluate:2",       # iteration 1 scored, not written
-    "compute_advantages:2",   # iteration 2's advantages computed, not written
     "update:4",               # iteration 2: the solver trained, its checkpoint not written
     "partition:9",            # inside a Parquet write: temp file on disk, not renamed
     "checkpoint:5",           # inside a checkpoint write: folder on disk, not renamed
