@@ -61,7 +61,6 @@ class CountingCoach(LLMCoach):
 
 
 def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
-    from flows.train import saved_config  # noqa: F401  (the run's episodes come from the real flow)
     from tasks.coach_evaluate import load_partition_episodes
     from tasks import context
 

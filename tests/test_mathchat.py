@@ -1,5 +1,4 @@
 """MathChat problems, code extraction and the upstream-blame rubric (pipelines/mathchat)."""
-import json
 import re
 
 import pytest
