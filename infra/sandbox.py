@@ -1,19 +1,32 @@
 """Run agent-written Python in a separate, resource-limited process with its own work directory.
 
-Limits: wall clock (the process group is killed), CPU seconds, address space, file size, process
-count and captured output size; the environment is scrubbed (no tokens or keys are inherited).
+Always: wall clock (the process group is killed), CPU seconds, address space, file size, process
+count and captured output size; a scrubbed environment (no tokens or keys are inherited); a fresh
+work directory, removed afterwards; when the trainer runs as root, the code runs as an unprivileged
+user (`run_as_uid`), so it can neither signal the trainer nor read its files.
+
+With bubblewrap (`isolation: bwrap`, or `auto` where `bwrap` works) the code also gets its own PID,
+network, IPC and UTS namespaces: no network, the whole filesystem read-only except the work
+directory, an empty /tmp, and every process it started dies with the sandbox (even one that left
+the process group). `rlimits` (or `auto` without bubblewrap) lacks those four guarantees.
 """
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
 
 
 class SandboxConfig(BaseModel):
@@ -21,12 +34,23 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    isolation: Literal["auto", "bwrap", "rlimits"] = Field(
+        "auto", description="`bwrap`: bubblewrap namespaces required (an error if unusable); `rlimits`: "
+        "resource limits only; `auto`: bwrap where usable, else rlimits with a warning")
     timeout_s: float = Field(5.0, gt=0, le=600, description="wall-clock limit; the whole process group is killed")
     cpu_s: int = Field(5, ge=1, description="CPU-time limit (RLIMIT_CPU)")
     memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS)")
     max_output_bytes: int = Field(4096, ge=64, description="stdout/stderr kept per stream; the rest is dropped")
-    max_file_mb: int = Field(8, ge=1, description="largest file the code may write (RLIMIT_FSIZE)")
+    max_file_mb: int = Field(8, ge=1, description="largest file or output stream the code may write (RLIMIT_FSIZE)")
     max_processes: int = Field(64, ge=1, description="process limit (RLIMIT_NPROC) for the sandbox user")
+    run_as_uid: int = Field(65534, ge=1, description="uid (and gid) the code runs as when the trainer is root "
+                            "(65534 = nobody)")
+    python: str | None = Field(None, description="interpreter for agent code (stdlib only); default: this "
+                               "process's, or the system python3 when the sandbox user cannot run it")
+
+
+class SandboxUnavailable(RuntimeError):
+    """Strict isolation was configured but bubblewrap cannot run here."""
 
 
 @dataclass
@@ -35,6 +59,7 @@ class SandboxResult:
     stderr: str
     returncode: int | None
     timed_out: bool
+    workdir: str  # where the code ran (already removed)
 
     @property
     def ok(self) -> bool:
@@ -44,13 +69,49 @@ class SandboxResult:
         """What the agents and the coach see."""
         if self.timed_out:
             return "TIMEOUT: the program did not finish in time"
+        if self.returncode is not None and self.returncode < 0:
+            return f"ERROR: killed by {signal.Signals(-self.returncode).name}"
         if self.returncode != 0:
             last = self.stderr.strip().splitlines()[-1:] or [f"exit code {self.returncode}"]
             return f"ERROR: {last[0]}"
         return self.stdout.strip() or "(no output)"
 
 
+def _bwrap_argv(workdir: str) -> list[str]:
+    """Read-only root, writable work dir, empty /tmp, fresh /proc and /dev, every namespace unshared
+    (no network); --die-with-parent + the PID namespace take every descendant down with the sandbox."""
+    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", workdir, workdir, "--chdir", workdir, "--unshare-all", "--die-with-parent",
+            "--new-session", "--"]
+
+
+def _no_prefix(workdir: str) -> list[str]:
+    return []
+
+
+def _drop_to(cfg: SandboxConfig) -> dict:
+    """Popen arguments that switch to the unprivileged user when we are root."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": cfg.run_as_uid, "group": cfg.run_as_uid, "extra_groups": []}
+
+
+def _user_processes() -> int:
+    """Processes of our real uid now (RLIMIT_NPROC counts all of them, not only the sandbox's)."""
+    uid, n = str(os.getuid()), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                n += any(line.startswith("Uid:") and line.split()[1] == uid for line in fh)
+        except OSError:
+            pass
+    return n
+
+
 def _limits(cfg: SandboxConfig):
+    # as root the code runs as run_as_uid, whose count starts near 0; otherwise add our own processes
+    nproc = cfg.max_processes + (0 if os.geteuid() == 0 else _user_processes())
+
     def apply():
         os.setsid()
         # SIGXCPU at the soft limit (reported as a timeout); SIGKILL one second later if it is ignored
@@ -60,9 +121,61 @@ def _limits(cfg: SandboxConfig):
         fsz = cfg.max_file_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsz, fsz))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if os.geteuid() != 0:  # RLIMIT_NPROC does not bind root
-            resource.setrlimit(resource.RLIMIT_NPROC, (cfg.max_processes, cfg.max_processes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     return apply
+
+
+@functools.cache
+def bwrap_problem(run_as_uid: int = 65534) -> str | None:
+    """None when bubblewrap works here, else why not (checked once per process)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    with tempfile.TemporaryDirectory(prefix="teamrl-sbx-probe-") as d:
+        if os.geteuid() == 0:
+            os.chown(d, run_as_uid, run_as_uid)
+        r = subprocess.run(_bwrap_argv(d) + ["/bin/true"], capture_output=True, text=True, timeout=30,
+                           **_drop_to(SandboxConfig(run_as_uid=run_as_uid)))
+    if r.returncode != 0:
+        return f"bwrap cannot create its namespaces here: {r.stderr.strip() or f'exit code {r.returncode}'}"
+    return None
+
+
+@functools.cache
+def interpreter(python: str | None = None, run_as_uid: int = 65534) -> str:
+    """The first of `python`, our interpreter, the system python3 that the sandbox user can run."""
+    own = os.path.realpath(sys.executable)
+    if os.geteuid() != 0:
+        return python or own
+    candidates = [python] if python else [own, "/usr/bin/python3", "/usr/local/bin/python3"]
+    for exe in candidates:
+        try:
+            r = subprocess.run([exe, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30, cwd="/",
+                               **_drop_to(SandboxConfig(run_as_uid=run_as_uid)))
+        except OSError:
+            continue
+        if r.returncode == 0:
+            return exe
+    raise SandboxUnavailable(f"no Python interpreter that uid {run_as_uid} may run among {candidates} (a root-only "
+                             "install, e.g. under /root, is not readable by it): install python3 from the "
+                             "system packages or set sandbox.python")
+
+
+def use_bwrap(cfg: SandboxConfig) -> bool:
+    """Whether `cfg` runs code under bubblewrap; raises SandboxUnavailable if it must and cannot."""
+    if cfg.isolation == "rlimits":
+        return False
+    problem = bwrap_problem(cfg.run_as_uid)
+    if problem and cfg.isolation == "bwrap":
+        raise SandboxUnavailable(f"sandbox.isolation=bwrap but {problem}; install it or set "
+                                 "sandbox.isolation=rlimits (weaker: no network or filesystem isolation)")
+    if problem:
+        _warn_once(problem)
+    return problem is None
+
+
+@functools.cache
+def _warn_once(problem: str) -> None:
+    log.warning("agent code runs with resource limits only (no network/filesystem isolation): %s", problem)
 
 
 def _read_capped(f, cap: int) -> str:
@@ -75,18 +188,23 @@ def _read_capped(f, cap: int) -> str:
 def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
     """Execute `code` with the interpreter in isolated mode, in a fresh temporary directory."""
     cfg = cfg or SandboxConfig()
+    prefix = _bwrap_argv if use_bwrap(cfg) else _no_prefix
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    drop = _drop_to(cfg)
     with tempfile.TemporaryDirectory(prefix="teamrl-sbx-") as work:
+        if drop:
+            os.chown(work, cfg.run_as_uid, cfg.run_as_uid)
         env["HOME"] = env["TMPDIR"] = work
         script = os.path.join(work, "main.py")
         with open(script, "w") as fh:
             fh.write(code)
-        # Output goes to files (bounded by RLIMIT_FSIZE), never to pipes that could fill and block.
-        with open(os.path.join(work, ".out"), "w+b") as out, open(os.path.join(work, ".err"), "w+b") as err:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", script], cwd=work, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    preexec_fn=_limits(cfg), close_fds=True)
+        # Output goes to unlinked files outside the work dir (bounded by RLIMIT_FSIZE), never to pipes
+        # that could fill and block.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            argv = prefix(work) + [interpreter(cfg.python, cfg.run_as_uid), "-I", "-S", script]
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    preexec_fn=_limits(cfg), close_fds=True, **drop)
             timed_out = False
             try:
                 rc = proc.wait(timeout=cfg.timeout_s)
@@ -98,7 +216,9 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
                 except ProcessLookupError:
                     pass
                 proc.wait()
+            if prefix is _bwrap_argv and rc is not None and rc > 128:  # bwrap reports a signal n as 128 + n
+                rc = 128 - rc
             if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
                 timed_out = True
             return SandboxResult(_read_capped(out, cfg.max_output_bytes), _read_capped(err, cfg.max_output_bytes),
-                                 rc, timed_out)
+                                 rc, timed_out, work)

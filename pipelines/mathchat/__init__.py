@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.sandbox import SandboxConfig, run_python
+from infra.sandbox import SandboxConfig, run_python, use_bwrap
 from pipelines.base import Act, AgentSpec, Episode, Problem
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
@@ -61,6 +61,7 @@ class MathChat:
 
     def __init__(self, cfg: MathChatConfig, seed: int):
         self.cfg, self.seed = cfg, seed
+        use_bwrap(cfg.sandbox)  # fail now, not mid-rollout, if strict isolation cannot run here
 
     def problems(self, split: str) -> list[Problem]:
         if self.cfg.problems_file:
