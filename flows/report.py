@@ -7,11 +7,13 @@ import numpy as np
 import pandas as pd
 
 from infra import store
+from tasks.coach import STATUSES
 from tasks.evaluation import bootstrap_ci, pass_at_k
 
 
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
-    """Success, coach score and reward per agent, response length, code errors of one partition."""
+    """Success, coach score and reward per agent, response length, code errors of one partition, and the
+    number of actions per coach status (`coach_status/<status>`: ok, or why the score is missing)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
@@ -38,6 +40,10 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         if "reward" in g and g["reward"].notna().any():
             m[f"reward/{agent}"] = float(g["reward"].astype(float).mean())
         m[f"coach_missing/{agent}"] = float((g["status"] != "ok").sum()) if "status" in g else 0.0
+    if "status" in acts:  # how many actions got each coach status (0 for the ones that did not occur)
+        counts = acts["status"].dropna().value_counts()
+        for status in dict.fromkeys([*STATUSES, *counts.index]):
+            m[f"coach_status/{status}"] = float(counts.get(status, 0))
     return m
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -80,7 +79,7 @@ class SandboxResult:
 def _bwrap_argv(workdir: str) -> list[str]:
     """Read-only root, writable work dir, empty /tmp, fresh /proc and /dev, every namespace unshared
     (no network); --die-with-parent + the PID namespace take every descendant down with the sandbox."""
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--bind", workdir, workdir, "--chdir", workdir, "--unshare-all", "--die-with-parent",
             "--new-session", "--"]
 
@@ -108,21 +107,25 @@ def _user_processes() -> int:
     return n
 
 
-def _limits(cfg: SandboxConfig):
+# Sets the rlimits given as NAME=soft:hard, then execs the command after `--`. A fresh interpreter does
+# this, not preexec_fn: running Python between fork and exec can deadlock a multi-threaded trainer.
+_LIMITS_SHIM = """import os, resource, sys
+i = sys.argv.index("--")
+for spec in sys.argv[1:i]:
+    name, soft, hard = spec.replace("=", ":").split(":")
+    resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(soft), int(hard)))
+os.execv(sys.argv[i + 1], sys.argv[i + 1:])
+"""
+
+
+def _with_limits(cfg: SandboxConfig, argv: list[str]) -> list[str]:
     # as root the code runs as run_as_uid, whose count starts near 0; otherwise add our own processes
     nproc = cfg.max_processes + (0 if os.geteuid() == 0 else _user_processes())
-
-    def apply():
-        os.setsid()
-        # SIGXCPU at the soft limit (reported as a timeout); SIGKILL one second later if it is ignored
-        resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_s, cfg.cpu_s + 1))
-        mem = cfg.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        fsz = cfg.max_file_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsz, fsz))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    return apply
+    mem, fsz = cfg.memory_mb * 1024 * 1024, cfg.max_file_mb * 1024 * 1024
+    limits = {"CPU": (cfg.cpu_s, cfg.cpu_s + 1),  # SIGXCPU at the soft limit (a timeout), SIGKILL 1 s later
+              "AS": (mem, mem), "FSIZE": (fsz, fsz), "CORE": (0, 0), "NPROC": (nproc, nproc)}
+    return [interpreter(cfg.python, cfg.run_as_uid), "-I", "-S", "-c", _LIMITS_SHIM,
+            *(f"{k}={a}:{b}" for k, (a, b) in limits.items()), "--", *argv]
 
 
 @functools.cache
@@ -203,8 +206,8 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
         # that could fill and block.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             argv = prefix(work) + [interpreter(cfg.python, cfg.run_as_uid), "-I", "-S", script]
-            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    preexec_fn=_limits(cfg), close_fds=True, **drop)
+            proc = subprocess.Popen(_with_limits(cfg, argv), cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, start_new_session=True, close_fds=True, **drop)
             timed_out = False
             try:
                 rc = proc.wait(timeout=cfg.timeout_s)

@@ -1,8 +1,14 @@
 """The coach: scores every action of every agent on 0..10 (MAPPA's process reward).
 
 Backends: `rubric` (the pipeline's deterministic rules, offline) and `llm` (any OpenAI-compatible
-chat endpoint; asks for a rationale and `PROCESS_SCORE: N`; malformed answers are re-asked once,
-then stored as missing; calls are concurrent and cached by (coach model, prompt hash)).
+chat endpoint; asks for a rationale and `PROCESS_SCORE: N`; calls are concurrent and cached by
+(coach model, prompt hash)).
+
+The `llm` coach never fails the iteration: the client retries timeouts, 429 and 5xx and refused
+connections with exponential backoff (honouring Retry-After); answers without a score in 0..10 are
+re-asked `reask` times. What still fails is recorded as missing (score None) with its reason in
+`status` (see STATUSES) and the error or the last answer in `rationale`. Only scores are cached, so
+a later call asks again.
 """
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
           "PROCESS_SCORE: N (N an integer from 0 to 10).")
 SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
+# A score's status: `ok`, else why it is missing (`malformed`: no score in 0..10 in the answer, or a
+# reply that is not a chat completion; the others: the request's last error, after the retries).
+STATUSES = ("ok", "malformed", "timeout", "rate_limited", "server_error", "connection_error", "error")
 
 
 class CoachConfig(BaseModel):
@@ -39,14 +48,17 @@ class CoachConfig(BaseModel):
                              "(a placeholder is sent when unset, as local servers expect)")
     temperature: float = Field(0.0, ge=0, le=2, description="llm: sampling temperature")
     max_tokens: int = Field(256, ge=1, description="llm: reply token limit")
-    timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout")
-    max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (with backoff) on 429/5xx/connection errors")
+    timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout (each retry gets its own)")
+    max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (exponential backoff, honouring "
+                             "Retry-After) on timeouts, 429, 5xx and connection errors; then the score is missing")
     concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests")
-    reask: int = Field(1, ge=0, le=5, description="llm: re-asks after a malformed answer before recording it missing")
+    reask: int = Field(1, ge=0, le=5, description="llm: re-asks after an answer without a score in 0..10 "
+                       "before recording it missing (`malformed`)")
     max_context_chars: int = Field(2000, ge=100, description="llm: the agent's input context is cut to this")
     few_shot: bool = Field(True, description="llm: send one worked example turn first (helps small coaches "
                            "keep the answer format)")
-    cache: bool = Field(True, description="llm: cache answers by (model, prompt hash) in <run.dir>/coach-cache.sqlite")
+    cache: bool = Field(True, description="llm: cache scored answers by (model, prompt hash) in "
+                        "<run.dir>/coach-cache.sqlite (failures are not cached)")
 
 
 def parse_score(text: str) -> float | None:
@@ -71,7 +83,7 @@ class CoachRequest:
 class CoachResult:
     score: float | None
     rationale: str
-    status: str  # ok | malformed | timeout | error | skipped
+    status: str  # one of STATUSES
     latency_s: float
     cached: bool = False
 
@@ -117,6 +129,27 @@ class _Cache:
             self._db.commit()
 
 
+class MalformedReply(Exception):
+    """The endpoint answered 200 with something that is not a chat completion."""
+
+
+def failure_status(e: Exception) -> str:
+    """The status of a request that failed for good (after the client's retries)."""
+    import openai
+
+    if isinstance(e, MalformedReply):
+        return "malformed"
+    if isinstance(e, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(e, openai.APIConnectionError):
+        return "connection_error"
+    if isinstance(e, openai.RateLimitError):
+        return "rate_limited"
+    if isinstance(e, openai.APIStatusError) and e.status_code >= 500:
+        return "server_error"
+    return "error"
+
+
 class LLMCoach:
     """Scores actions through an OpenAI-compatible chat completions endpoint."""
 
@@ -129,9 +162,15 @@ class LLMCoach:
         self.cache = _Cache(cache_path) if (cfg.cache and cache_path) else None
 
     def _ask(self, messages: list[dict]) -> str:
-        resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
-                                                   temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
-        return resp.choices[0].message.content or ""
+        resp = None
+        try:
+            resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
+                                                       temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+            return resp.choices[0].message.content or ""
+        except ValueError as e:  # a JSON content type whose body does not parse
+            raise MalformedReply(f"the reply is not JSON: {e}") from e
+        except (AttributeError, IndexError, TypeError):  # plain text (a proxy's error page) or JSON of another shape
+            raise MalformedReply(f"the reply is not a chat completion: {str(resp)[:300]!r}") from None
 
     def score(self, req: CoachRequest) -> CoachResult:
         import openai
@@ -147,7 +186,7 @@ class LLMCoach:
                          {"role": "assistant", "content": EXAMPLE[1]}]
         messages.append({"role": "user", "content": prompt})
         try:
-            for attempt in range(self.cfg.reask + 1):
+            for _ in range(self.cfg.reask + 1):
                 text = self._ask(messages)
                 score = parse_score(text)
                 if score is not None:
@@ -157,11 +196,10 @@ class LLMCoach:
                 messages += [{"role": "assistant", "content": text},
                              {"role": "user", "content": "Now give only the score line, exactly in this form: "
                               "PROCESS_SCORE: N"}]
-            return CoachResult(None, text, "malformed", time.perf_counter() - t0)
-        except openai.APITimeoutError as e:
-            return CoachResult(None, f"timeout: {e}", "timeout", time.perf_counter() - t0)
-        except openai.OpenAIError as e:
-            return CoachResult(None, f"{type(e).__name__}: {e}", "error", time.perf_counter() - t0)
+            status, why = "malformed", f"no PROCESS_SCORE in 0..10 in {self.cfg.reask + 1} answer(s); last: {text}"
+        except (openai.OpenAIError, MalformedReply) as e:
+            status, why = failure_status(e), f"{type(e).__name__}: {e}"
+        return CoachResult(None, why, status, time.perf_counter() - t0)
 
     def score_many(self, reqs: list[CoachRequest]) -> list[CoachResult]:
         with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:

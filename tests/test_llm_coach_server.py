@@ -105,8 +105,8 @@ def test_malformed_reply_is_reasked_then_recorded_missing(server, trained_run):
     assert CountingCoach.calls == 2
 
 
-def test_unreachable_coach_is_an_error_not_a_crash():
+def test_unreachable_coach_is_a_missing_score_not_a_crash():
     port = _free_port()  # nothing listens here
     cfg = CoachConfig(backend="llm", base_url=f"http://127.0.0.1:{port}/v1", model="x", max_retries=0, timeout_s=5)
     r = LLMCoach(cfg).score(CoachRequest("q", "role", "ctx", "act", "fb"))
-    assert r.status == "error" and r.score is None and "Connection" in r.rationale
+    assert r.status == "connection_error" and r.score is None and "Connection" in r.rationale
