@@ -56,6 +56,14 @@ def train(
         run_dir = train_flow(config=cfg, resume=resume)
     except (FileExistsError, FileNotFoundError, RunLockedError) as e:
         _fail(str(e))
+    except Exception as e:  # the traceback, then how to finish the run
+        import traceback
+
+        traceback.print_exc()
+        rid = resume or cfg.run.id or "RUN_ID"
+        _fail(f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with "
+              f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}` (ids: `teamrl runs list --dir "
+              f"{cfg.run.dir}`), or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.", code=1)
     console.print(f"[green]run finished:[/] {run_dir}")
     _show_table(run_table(run_dir), Path(run_dir).name)
     _before_after(Path(run_dir))

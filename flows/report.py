@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 
 from infra import store
-from tasks.coach import STATUSES
+from tasks.coach import ERROR_KINDS, STATUSES
 from tasks.evaluation import bootstrap_ci, pass_at_k
 
 
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
     """Success, coach score and reward per agent, response length, code errors of one partition, and the
-    number of actions per coach status (`coach_status/<status>`: ok, or why the score is missing)."""
+    number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
@@ -40,23 +40,29 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         if "reward" in g and g["reward"].notna().any():
             m[f"reward/{agent}"] = float(g["reward"].astype(float).mean())
         m[f"coach_missing/{agent}"] = float((g["status"] != "ok").sum()) if "status" in g else 0.0
-    if "status" in acts:  # how many actions got each coach status (0 for the ones that did not occur)
-        counts = acts["status"].dropna().value_counts()
-        for status in dict.fromkeys([*STATUSES, *counts.index]):
-            m[f"coach_status/{status}"] = float(counts.get(status, 0))
+    for col, names, prefix in (("status", STATUSES, "coach_status"), ("error_kind", ERROR_KINDS, "coach_error")):
+        if col in acts:  # how many actions got each value (0 for the ones that did not occur)
+            counts = acts[col].dropna().value_counts()
+            for name in dict.fromkeys([*names, *counts.index]):
+                m[f"{prefix}/{name}"] = float(counts.get(name, 0))
     return m
 
 
 def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
+    """Per agent: loss, KL, surrogate gain, penalty, certificate, tokens, seconds, skipped, version; per
+    stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates."""
     up = store.read_table(run_dir, "updates", iteration)
     m: dict[str, float] = {}
     for r in up.to_dict("records"):
         a = r["agent"]
-        for k in ("loss", "kl", "surrogate_gain", "tokens", "seconds"):
+        for k in ("loss", "kl", "surrogate_gain", "penalty", "certificate", "tokens", "seconds"):
             if r[k] is not None and not pd.isna(r[k]):
                 m[f"{k}/{a}"] = float(r[k])
         m[f"skipped/{a}"] = float(bool(r["skipped"]))
         m[f"version/{a}"] = float(r["version_after"])
+    for k in ("kl", "surrogate_gain", "penalty", "certificate"):
+        if up[k].notna().any():
+            m[f"stage/{k}"] = float(up[k].dropna().astype(float).sum())
     return m
 
 

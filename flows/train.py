@@ -1,10 +1,13 @@
 """The train flow: per iteration, collect_rollouts -> extract -> coach_evaluate -> compute_advantages
--> update (one per agent), with held-out evaluation before the first and after the last iteration."""
+-> update (one per agent; TeamTR resamples before each later agent's update), with held-out
+evaluation before the first and after the last iteration."""
 from __future__ import annotations
 
 import base64
 import time
 from pathlib import Path
+
+import numpy as np
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -15,6 +18,7 @@ from flows.report import partition_metrics, plot_run, summary_markdown, update_m
 from infra import runs, store
 from infra.tracking import Tracker
 from tasks import context
+from tasks.algorithm import AlgorithmConfig
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 from tasks.compute_advantages import compute_advantages
@@ -22,54 +26,83 @@ from tasks.extract import extract
 from tasks.update import update
 
 
-def prepare_run(config: RunConfig, resume: str | None = None) -> Path:
-    """Create the run folder for `config`, or reopen run `resume` (its saved config wins)."""
+def prepare_run(config: RunConfig, resume: str | None = None) -> tuple[Path, bool]:
+    """(run folder, reopened): create the folder for `config`, or reopen run `resume` or the run this
+    flow run created before (`prefect flow-run retry`); a reopened run's saved config wins."""
     root = Path(config.run.dir)
     if resume:
-        return runs.find_run(root, resume)
+        return runs.find_run(root, resume), True
+    if flow_run.id and (earlier := runs.find_by_flow_run(root, flow_run.id)):
+        return earlier, True
     run_id = config.run.id or runs.new_run_id(config.preset)
     cfg = config.model_copy(update={"run": config.run.model_copy(update={"id": run_id})})
-    return runs.create_run(root, run_id, cfg.model_dump(mode="json"))
+    return runs.create_run(root, run_id, cfg.model_dump(mode="json"), flow_run_id=flow_run.id), False
 
 
 def saved_config(run_dir: Path) -> RunConfig:
     raw = runs.read_run_config(run_dir)
-    return validate({k: v for k, v in raw.items() if k not in ("run_id", "nonce")})
+    return validate({k: v for k, v in raw.items() if k not in ("run_id", "nonce", "flow_run_id")})
 
 
-def update_phase(strategy: str, agent_index: int) -> str:
-    """The resample hook: which rollout partition agent i's update learns from.
+def update_phase(strategy: str, position: int) -> str:
+    """The resample hook: which rollout partition the agent updated at `position` (0-based) learns from.
 
-    `joint` updates every agent from the iteration's one rollout set; TeamTR will collect a
-    `resample-<i>` partition with the partially updated team here before agent i's update.
+    `joint` and `stale` train every agent on the iteration's one rollout set; `teamtr` trains the
+    first on it (still on-policy) and each later one on `resample-<position>`, collected with the
+    agents before it already updated.
     """
-    if strategy == "joint":
+    if strategy in ("joint", "stale") or position == 0:
         return "rollout"
+    if strategy == "teamtr":
+        return f"resample-{position}"
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
-def run_iteration(run_dir: str, k: int, agents: list[str], strategy: str) -> dict[str, float]:
-    """One iteration of the DAG; returns its metrics (stage seconds included)."""
-    seconds: dict[str, float] = {}
+def update_order(agents: list[str], order: str, seed: int, iteration: int) -> list[str]:
+    """The team's order, or a permutation seeded by (run seed, iteration) so a resume replays it."""
+    if order == "fixed":
+        return list(agents)
+    rng = np.random.default_rng(context.stage_seed(seed, "order", iteration))
+    return [agents[i] for i in rng.permutation(len(agents))]
 
-    def timed(name, fn, *args, **kw):
+
+def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
+    """collect_rollouts -> extract -> coach_evaluate -> compute_advantages for one partition."""
+    def timed(name, fn, *args, **kwargs):
         t0 = time.perf_counter()
-        out = fn(*args, **kw)
+        out = fn(*args, **kwargs)
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
         return out
 
+    path = timed("collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
+    timed("extract", extract, run_dir, k, phase, path)
+    timed("coach_evaluate", coach_evaluate, run_dir, k, phase)
+    timed("compute_advantages", compute_advantages, run_dir, k, phase)
+
+
+def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+    """One iteration of the DAG; returns its metrics (stage seconds included)."""
+    seconds: dict[str, float] = {}
     versions = store.agent_versions(run_dir, agents, k - 1)
-    path = timed("collect_rollouts", collect_rollouts, run_dir, k, "rollout", versions)
-    timed("extract", extract, run_dir, k, "rollout", path)
-    timed("coach_evaluate", coach_evaluate, run_dir, k, "rollout")
-    timed("compute_advantages", compute_advantages, run_dir, k, "rollout")
-    for i, agent in enumerate(agents):
-        timed("update", update.with_options(task_run_name=f"update-{agent}"), run_dir, k,
-              update_phase(strategy, i), agent, versions[agent])
+    score_partition(run_dir, k, "rollout", versions, seconds)
+    current = dict(versions)  # the partially updated team
+    for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
+        phase = update_phase(algo.strategy, i)
+        if phase != "rollout":
+            score_partition(run_dir, k, phase, dict(current), seconds, questions=algo.resample_questions)
+        t0 = time.perf_counter()
+        v = update.with_options(task_run_name=f"update-{agent}")(run_dir, k, phase, agent, versions[agent])
+        seconds["update"] = seconds.get("update", 0.0) + time.perf_counter() - t0
+        if algo.strategy != "joint":
+            current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
-    acts = store.read_table(run_dir, "actions", k, "rollout")
-    tokens = float(acts["response_ids"].map(len).sum())
-    m["rollout_tokens_per_s"] = tokens / max(seconds["collect_rollouts"], 1e-9)
+    acts = store.read_table(run_dir, "actions", k)
+    tokens = acts.groupby("phase")["response_ids"].agg(lambda c: float(c.map(len).sum()))
+    m["rollout_tokens_per_s"] = tokens.sum() / max(seconds["collect_rollouts"], 1e-9)
+    # TeamTR's price: rollouts and tokens spent on resamples, relative to the stage-start set (`stale`'s cost)
+    eps = store.read_table(run_dir, "episodes", k).groupby("phase").size()
+    m["resample/extra_episodes_frac"] = float(eps.drop("rollout").sum() / eps["rollout"])
+    m["resample/extra_tokens_frac"] = float(tokens.drop("rollout").sum() / tokens["rollout"])
     m |= {f"seconds/{s}": v for s, v in seconds.items()}
     return m
 
@@ -100,10 +133,10 @@ def _flow_run_name() -> str:
 def train(config: RunConfig, resume: str | None = None) -> str:
     """Train a team. `resume`: the id of a run to finish (finished stages are not redone)."""
     logger = get_run_logger()
-    run_dir = prepare_run(config, resume)
+    run_dir, reopened = prepare_run(config, resume)
     cfg = saved_config(run_dir)
     with runs.run_lock(run_dir):
-        if resume and (n := runs.remove_temporaries(run_dir)):
+        if reopened and (n := runs.remove_temporaries(run_dir)):
             logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)
         agents = [a.name for a in context.pipeline(rd).agents]
@@ -118,7 +151,7 @@ def train(config: RunConfig, resume: str | None = None) -> str:
             if cfg.evaluate:
                 tracker.log_metrics({f"eval/{k}": v for k, v in evaluate_partition(rd, 0).items()}, step=0)
             for k in range(1, cfg.iterations + 1):
-                m = run_iteration(rd, k, agents, cfg.algorithm.strategy)
+                m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
                 tracker.log_metrics(m, step=k)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
                             ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))

@@ -1,5 +1,9 @@
-"""Fault injection for resume tests: `TEAMRL_FAULT=<point>[:<n>]` kills this process with SIGKILL the
-n-th time (default 1st) execution reaches `crash_point(<point>)`.
+"""Fault injection for resume tests: `TEAMRL_FAULT=<point>[:<n>][:raise]`.
+
+By default the process kills itself with SIGKILL the n-th time (default 1st) execution reaches
+`crash_point(<point>)`: nothing can clean up, as after an OOM kill or a power cut. With `:raise`,
+every hit from the n-th on raises `InjectedFault` instead (so task retries fail too): Prefect records
+the flow run as Failed, the case `prefect flow-run retry` is for.
 
 Points: a DAG stage name (collect_rollouts, extract, coach_evaluate, compute_advantages, resample,
 update) fires in the middle of that stage, after its work and before its output is written;
@@ -14,13 +18,19 @@ import signal
 _hits: dict[str, int] = {}
 
 
+class InjectedFault(RuntimeError):
+    """Raised by `crash_point` in `raise` mode."""
+
+
 def crash_point(point: str) -> None:
     spec = os.environ.get("TEAMRL_FAULT")
     if not spec:
         return
-    name, _, nth = spec.partition(":")
+    name, nth, how = (spec.split(":") + ["1", "kill"])[:3]
     if name != point:
         return
     _hits[point] = _hits.get(point, 0) + 1
-    if _hits[point] == int(nth or 1):
+    if how == "raise" and _hits[point] >= int(nth or 1):
+        raise InjectedFault(f"TEAMRL_FAULT={spec}: injected failure in {point} (hit {_hits[point]})")
+    if how != "raise" and _hits[point] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -21,14 +21,16 @@ def new_run_id(prefix: str) -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def create_run(root: str | Path, run_id: str, config: dict) -> Path:
-    """Make runs/<run_id>/ with its resolved config.yaml; refuses an existing run id."""
+def create_run(root: str | Path, run_id: str, config: dict, flow_run_id: str | None = None) -> Path:
+    """Make runs/<run_id>/ with its resolved config.yaml (and the Prefect flow run that created it);
+    refuses an existing run id."""
     d = Path(root) / run_id
     if (d / "config.yaml").exists():
         raise FileExistsError(f"run {run_id!r} already exists in {root}; use --resume {run_id} to continue it")
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".config-{uuid.uuid4().hex}.yaml"
-    tmp.write_text(yaml.safe_dump({"run_id": run_id, "nonce": uuid.uuid4().hex} | config, sort_keys=False))
+    tmp.write_text(yaml.safe_dump({"run_id": run_id, "nonce": uuid.uuid4().hex, "flow_run_id": flow_run_id} | config,
+                                  sort_keys=False))
     os.replace(tmp, d / "config.yaml")
     return d
 
@@ -46,6 +48,14 @@ def find_run(root: str | Path, run_id: str) -> Path:
         known = ", ".join(list_runs(root)[-5:]) or "none"
         raise FileNotFoundError(f"no run {run_id!r} under {root} (recent: {known})")
     return d
+
+
+def find_by_flow_run(root: str | Path, flow_run_id: str) -> Path | None:
+    """The run a Prefect flow run created (a `prefect flow-run retry` reruns the same flow run)."""
+    for name in list_runs(root):
+        if read_run_config(Path(root) / name).get("flow_run_id") == flow_run_id:
+            return Path(root) / name
+    return None
 
 
 def list_runs(root: str | Path) -> list[str]:

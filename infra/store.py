@@ -68,6 +68,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         pa.field("coach_model", pa.string()),
         pa.field("latency_s", pa.float64()),
         pa.field("status", pa.string()),
+        pa.field("error_kind", pa.string()),
     ]),
     "advantages": pa.schema(_key_fields + [
         pa.field("reward", pa.float64()),
@@ -161,6 +162,9 @@ def read_table(run_dir: str | Path, table: str, iteration: int | None = None,
         ph = f.parent.name.split("=", 1)[1]
         t = t.append_column("iteration", pa.array([it] * len(t), pa.int32()))
         t = t.append_column("phase", pa.array([ph] * len(t), pa.string()))
+        for field in schema:  # a column added to the schema after the file was written reads as null
+            if field.name not in t.column_names:
+                t = t.append_column(field, pa.nulls(len(t), field.type))
         pieces.append(t.select(schema.names).cast(schema))
     t = pa.concat_tables(pieces) if pieces else schema.empty_table()
     if arrow:

@@ -46,10 +46,13 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
                 optimizer_state: Path | None = None, temperature: float = 1.0,
-                micro_batch_size: int = 2,
+                micro_batch_size: int = 2, kl_stop: float | None = None,
                 on_step: Callable[[], None] | None = None) -> tuple[TrainResult, dict | None]:
     """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
-    (None when the update was skipped: weights are then restored to what they were)."""
+    (None when the update was skipped: weights are then restored to what they were).
+
+    `kl_stop`: stop early, before the step, once a minibatch's KL estimate (the loss's `kl` stat,
+    measured with the weights so far) exceeds it; `stats['early_stopped']` is then 1."""
     t0 = time.perf_counter()
     params = policy.parameters(agent)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -58,9 +61,11 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
     backup = [p.detach().clone() for p in params]
     rng = np.random.default_rng(seed)
     pad = policy.tokenizer.pad_token_id
-    losses, stats_acc, tokens = [], {}, 0
+    losses, stats_acc, tokens, stopped = [], {}, 0, False
     with policy.acting(agent) as model:
         for _ in range(epochs):
+            if stopped:
+                break
             order = rng.permutation(len(items))
             for start in range(0, len(order), minibatch_size):
                 mb = [items[i] for i in order[start:start + minibatch_size]]
@@ -92,6 +97,9 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                     what = "loss" if not math.isfinite(loss.item()) else "gradient norm"
                     return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
                                        f"non-finite {what}; update skipped, weights restored", {}), None
+                if kl_stop is not None and stats.get("kl", 0.0) > kl_stop:
+                    stopped = True
+                    break
                 opt.step()
                 if on_step:
                     on_step()
@@ -99,6 +107,30 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                 tokens += int(sum(sum(it.mask) for it in mb))
                 for k, v in (stats | {"grad_norm": gnorm.item()}).items():
                     stats_acc.setdefault(k, []).append(v)
-    stats = {k: float(np.mean(v)) for k, v in stats_acc.items()}
+    stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
     return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
                        stats), opt.state_dict()
+
+
+def batch_logprobs(policy, agent: str, items: list[TrainItem], temperature: float = 1.0,
+                   micro_batch_size: int = 2) -> tuple[torch.Tensor, ...]:
+    """(new log-probs under the agent's current weights, old log-probs, advantages, mask), each padded
+    to one [B, L] tensor; no gradient."""
+    n = max(1, max(len(it.response_ids) for it in items))
+    pad = policy.tokenizer.pad_token_id
+    new = torch.zeros((len(items), n))
+    with torch.no_grad(), policy.acting(agent) as model:
+        for m0 in range(0, len(items), micro_batch_size):
+            micro = items[m0:m0 + micro_batch_size]
+            logp = response_logprobs(model, [it.prompt_ids for it in micro], [it.response_ids for it in micro],
+                                     pad, temperature)
+            new[m0:m0 + len(micro), :logp.shape[1]] = logp
+    return (new, _pad([it.old_logprobs for it in items], n, torch.float32),
+            _pad([it.advantages for it in items], n, torch.float32), _pad([it.mask for it in items], n, torch.float32))
+
+
+def interpolate(params: list[torch.Tensor], start: list[torch.Tensor], end: list[torch.Tensor], alpha: float) -> None:
+    """params <- start + alpha * (end - start): a backtracking line search's step."""
+    with torch.no_grad():
+        for p, a, b in zip(params, start, end):
+            p.copy_(a + alpha * (b - a))

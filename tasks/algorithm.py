@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class AlgorithmConfig(BaseModel):
@@ -13,8 +13,19 @@ class AlgorithmConfig(BaseModel):
 
     estimator: str = Field("reinforce_pp", description="advantage estimator from the registry: "
                            "reinforce_pp | grpo | rloo")
-    strategy: Literal["joint"] = Field("joint", description="how agents are updated within an iteration: "
-                                       "`joint` = every agent from the same rollout set")
+    strategy: Literal["joint", "stale", "teamtr"] = Field(
+        "joint", description="how agents are updated within an iteration: `joint` = every agent from the one rollout "
+        "set; `stale` = one by one on that cached set; `teamtr` = one by one, each on fresh rollouts (`resample-<i>`) "
+        "collected with the agents before it already updated")
+    order: Literal["fixed", "random"] = Field("fixed", description="update order per iteration: the team's order, "
+                                              "or a seeded random permutation")
+    kl_delta: float | None = Field(None, gt=0, description="trust region: token-level KL(pi_cur || pi_new) per "
+                                   "update, estimated on the update's batch; early-stops the epochs and backtracks "
+                                   "the step above it, and logs KL, gain, penalty and certificate (None: off)")
+    backtrack_steps: int = Field(6, ge=0, le=20, description="halvings of the step tried before an update that "
+                                 "still exceeds kl_delta is skipped")
+    resample_questions: int | None = Field(None, ge=1, description="teamtr: questions per resample (None: "
+                                           "rollout.questions); fewer questions cost fewer extra rollouts")
     kl_coef: float = Field(0.01, ge=0, description="beta: weight of the per-token KL penalty in the reward")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
     return_scope: Literal["action", "agent"] = Field("action", description="`action`: return-to-go stops at the end "
@@ -29,6 +40,12 @@ class AlgorithmConfig(BaseModel):
     micro_batch_size: int = Field(2, ge=1, description="actions per forward/backward pass (gradients are "
                                   "accumulated over the minibatch; bounds activation memory)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+    @model_validator(mode="after")
+    def _teamtr_needs_a_trust_region(self):
+        if self.strategy == "teamtr" and self.kl_delta is None:
+            raise ValueError("strategy=teamtr needs a trust region: set algorithm.kl_delta (e.g. 0.05)")
+        return self
 
     @field_validator("estimator")
     @classmethod

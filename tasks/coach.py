@@ -6,9 +6,9 @@ chat endpoint; asks for a rationale and `PROCESS_SCORE: N`; calls are concurrent
 
 The `llm` coach never fails the iteration: the client retries timeouts, 429 and 5xx and refused
 connections with exponential backoff (honouring Retry-After); answers without a score in 0..10 are
-re-asked `reask` times. What still fails is recorded as missing (score None) with its reason in
-`status` (see STATUSES) and the error or the last answer in `rationale`. Only scores are cached, so
-a later call asks again.
+re-asked `reask` times. What still fails is recorded as missing (score None) with `status`
+(`malformed`, `timeout` or `error`, the store's contract), the finer `error_kind` (see ERROR_KINDS)
+and the error or the last answer in `rationale`. Only scores are cached, so a later call asks again.
 """
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field
 SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
           "PROCESS_SCORE: N (N an integer from 0 to 10).")
 SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
-# A score's status: `ok`, else why it is missing (`malformed`: no score in 0..10 in the answer, or a
-# reply that is not a chat completion; the others: the request's last error, after the retries).
-STATUSES = ("ok", "malformed", "timeout", "rate_limited", "server_error", "connection_error", "error")
+# A score's status (the data contract): `ok`, or why it is missing; `skipped` = not asked.
+STATUSES = ("ok", "malformed", "timeout", "error", "skipped")
+# Why a score is missing, finer: the request's last error after the retries, or what was wrong with the reply.
+ERROR_KINDS = {"timeout": "timeout", "rate_limited": "error", "server_error": "error", "connection_error": "error",
+               "other": "error", "not_a_completion": "malformed", "no_valid_score": "malformed"}  # kind -> status
 
 
 class CoachConfig(BaseModel):
@@ -86,6 +88,7 @@ class CoachResult:
     status: str  # one of STATUSES
     latency_s: float
     cached: bool = False
+    error_kind: str | None = None  # one of ERROR_KINDS when the score is missing
 
 
 def build_prompt(r: CoachRequest, max_context_chars: int) -> str:
@@ -133,12 +136,12 @@ class MalformedReply(Exception):
     """The endpoint answered 200 with something that is not a chat completion."""
 
 
-def failure_status(e: Exception) -> str:
-    """The status of a request that failed for good (after the client's retries)."""
+def error_kind(e: Exception) -> str:
+    """What kind of failure ended a request for good (after the client's retries)."""
     import openai
 
     if isinstance(e, MalformedReply):
-        return "malformed"
+        return "not_a_completion"
     if isinstance(e, openai.APITimeoutError):
         return "timeout"
     if isinstance(e, openai.APIConnectionError):
@@ -147,7 +150,7 @@ def failure_status(e: Exception) -> str:
         return "rate_limited"
     if isinstance(e, openai.APIStatusError) and e.status_code >= 500:
         return "server_error"
-    return "error"
+    return "other"
 
 
 class LLMCoach:
@@ -196,10 +199,10 @@ class LLMCoach:
                 messages += [{"role": "assistant", "content": text},
                              {"role": "user", "content": "Now give only the score line, exactly in this form: "
                               "PROCESS_SCORE: N"}]
-            status, why = "malformed", f"no PROCESS_SCORE in 0..10 in {self.cfg.reask + 1} answer(s); last: {text}"
+            kind, why = "no_valid_score", f"no PROCESS_SCORE in 0..10 in {self.cfg.reask + 1} answer(s); last: {text}"
         except (openai.OpenAIError, MalformedReply) as e:
-            status, why = failure_status(e), f"{type(e).__name__}: {e}"
-        return CoachResult(None, why, status, time.perf_counter() - t0)
+            kind, why = error_kind(e), f"{type(e).__name__}: {e}"
+        return CoachResult(None, why, ERROR_KINDS[kind], time.perf_counter() - t0, error_kind=kind)
 
     def score_many(self, reqs: list[CoachRequest]) -> list[CoachResult]:
         with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:

@@ -74,7 +74,8 @@ def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
         run_id = context.value(run_dir, "run_id")
         rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
                  "turn": int(a["turn"]), "agent": a["agent"], "score": r.score, "rationale": r.rationale,
-                 "coach_model": model, "latency_s": r.latency_s, "status": r.status}
+                 "coach_model": model, "latency_s": r.latency_s, "status": r.status,
+                 "error_kind": r.error_kind}
                 for e, rs in zip(episodes, results) for a, r in zip(e.actions, rs)]
         crash_point("coach_evaluate")
         store.write_partition(run_dir, "coach", iteration, phase, rows, name="all")

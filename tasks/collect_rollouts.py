@@ -38,11 +38,12 @@ def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None)
 
 
 def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], split: str = "train",
-         greedy: bool = False, part: str = "all") -> dict:
+         greedy: bool = False, part: str = "all", questions: int | None = None) -> dict:
     """Play the episodes of one partition file and write them; returns a small summary.
 
     part="all": the partition's main episodes (greedy: one per question; else `group_size` per question);
     part="samples": `eval_samples` sampled episodes per question, for pass@k next to the greedy ones.
+    `questions` overrides rollout.questions (TeamTR's smaller resamples).
     """
     cfg = context.section(run_dir, "rollout", RolloutConfig)
     engines = context.section(run_dir, "engines", EnginesConfig)
@@ -52,7 +53,8 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
         policy.load(run_dir, agent, v)
     tok = policy.tokenizer
     seed = context.value(run_dir, "seed")
-    problems = _select(run_dir, iteration, phase, split, cfg.eval_questions if split == "eval" else cfg.questions)
+    problems = _select(run_dir, iteration, phase, split,
+                       cfg.eval_questions if split == "eval" else (questions or cfg.questions))
     sampled = part == "samples"
     if sampled:
         greedy, g, tag = False, cfg.eval_samples, "s"
@@ -116,8 +118,9 @@ def _key(ctx, params) -> str:
 
 @task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)
 def collect_rollouts(run_dir: str, iteration: int, phase: str, versions: dict[str, int],
-                     split: str = "train", greedy: bool = False, part: str = "all") -> str:
+                     split: str = "train", greedy: bool = False, part: str = "all",
+                     questions: int | None = None) -> str:
     """Play one partition file of episodes (skipped when it is already complete); returns its path."""
     if not store.partition_exists(run_dir, "episodes", iteration, phase, name=part):
-        play(run_dir, iteration, phase, versions, split, greedy, part)
+        play(run_dir, iteration, phase, versions, split, greedy, part, questions)
     return str(Path(run_dir) / "episodes" / f"iteration={iteration}" / f"phase={phase}")

@@ -9,6 +9,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)
 
 
+def k3(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """Per token (r - 1) - log r, r = exp(logp - old_logp): the k3 estimate of KL(old || new), >= 0."""
+    log_r = logp - old_logp
+    return torch.expm1(log_r) - log_r
+
+
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                   clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
     """L = -token_mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)), rho = exp(logp - old_logp)."""
@@ -20,6 +26,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
         stats = {
             "clip_frac": masked_mean(((ratio - 1).abs() > clip_eps).float(), mask).item(),
             "kl_old": masked_mean(old_logp - logp, mask).item(),  # k1 estimate of KL(old || new)
+            "kl": masked_mean(k3(logp, old_logp), mask).item(),
             "surrogate": masked_mean(unclipped, mask).item(),
         }
     return loss, stats

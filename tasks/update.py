@@ -1,4 +1,9 @@
-"""DAG stage `update`: one PPO-clip gradient update of one agent; a checkpoint and an `updates` row."""
+"""DAG stage `update`: one PPO-clip gradient update of one agent; a checkpoint and an `updates` row.
+
+With a trust region (`algorithm.kl_delta`) the epochs stop early when a minibatch's KL estimate
+exceeds delta, then the step is halved (backtracking) until the whole batch's KL is within delta;
+the row records KL, surrogate gain, penalty and certificate (tasks/trust_region.py).
+"""
 from __future__ import annotations
 
 import math
@@ -11,11 +16,12 @@ from prefect import task
 from infra import store
 from infra.faults import crash_point
 from infra.progress import progress_bar
-from infra.trainer import TrainItem, train_agent
+from infra.trainer import TrainItem, batch_logprobs, interpolate, train_agent
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.collect_rollouts import RolloutConfig
 from tasks.losses import ppo_clip_loss
+from tasks.trust_region import Certificate, certify
 
 
 def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
@@ -27,6 +33,23 @@ def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainIt
             items.append(TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]),
                                    list(r["advantages"]), list(r["loss_mask"])))
     return items
+
+
+def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list, delta: float, steps: int,
+                         temperature: float, micro_batch_size: int) -> tuple[Certificate, float]:
+    """Backtrack from the trained weights towards `start` until KL <= delta; (certificate, step fraction
+    kept), the fraction 0 (weights back at `start`) when `steps` halvings were not enough."""
+    params = policy.parameters(agent)
+    end = [p.detach().clone() for p in params]
+    alpha = 1.0
+    for _ in range(steps + 1):
+        cert = certify(*batch_logprobs(policy, agent, items, temperature, micro_batch_size))
+        if cert.kl <= delta:
+            return cert, alpha
+        alpha /= 2
+        interpolate(params, start, end, alpha)
+    interpolate(params, start, end, 0.0)
+    return cert, 0.0
 
 
 def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> dict:
@@ -42,20 +65,29 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
         row |= {"kl": None, "surrogate_gain": None, "loss": None, "tokens": 0, "seconds": 0.0,
                 "version_after": version_before, "skipped": True, "reason": "no scored actions for this agent"}
     else:
+        temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
+        start = [p.detach().clone() for p in policy.parameters(agent)]
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
         with progress_bar(f"update {agent} it={iteration}", steps) as advance:
             res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
                                          lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
                                          minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
-                                         micro_batch_size=cfg.micro_batch_size,
+                                         micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
                                          seed=seed, optimizer_state=ckpt / "optimizer.pt",
-                                         temperature=context.section(run_dir, "rollout", RolloutConfig).temperature,
-                                         on_step=advance)
-        row |= {"kl": res.stats.get("kl_old"), "surrogate_gain": res.stats.get("surrogate"),
+                                         temperature=temperature, on_step=advance)
+        row |= {"kl": res.stats.get("kl"), "surrogate_gain": res.stats.get("surrogate"),
                 "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
                 "skipped": res.skipped, "reason": res.reason}
-        if res.skipped:
-            warnings.warn(f"{agent} iteration {iteration}: {res.reason}", RuntimeWarning, stacklevel=2)
+        if not res.skipped and cfg.kl_delta is not None:
+            cert, kept = enforce_trust_region(policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps,
+                                              temperature, cfg.micro_batch_size)
+            row |= {"kl": cert.kl, "surrogate_gain": cert.gain, "penalty": cert.penalty,
+                    "certificate": cert.value, "reason": f"step x{kept:g}" if kept < 1 else ""}
+            if kept == 0.0:
+                row |= {"skipped": True, "reason": f"trust region: KL {cert.kl:.4g} > delta {cfg.kl_delta:g} after "
+                        f"{cfg.backtrack_steps} halvings; weights restored"}
+        if row["skipped"]:
+            warnings.warn(f"{agent} iteration {iteration}: {row['reason']}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before
         else:
             crash_point("update")

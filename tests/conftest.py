@@ -40,3 +40,16 @@ def table_content(run_dir, table):
     df = df[[c for c in df.columns if c not in drop]]
     keys = [c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]
     return df.sort_values(keys).reset_index(drop=True).astype(str)
+
+
+TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.order=random", "evaluate=false",
+          "seed=1")
+
+
+@pytest.fixture(scope="session")
+def teamtr_run(prefect_harness, tmp_path_factory):
+    """The tiny preset trained with TeamTR (random order, resamples, trust region) for 2 iterations."""
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("runs")
+    return root, train(config=tiny_config(root, "run.id=teamtr", *TEAMTR))

@@ -1,7 +1,8 @@
 """The `llm` coach survives a misbehaving endpoint: a real HTTP server on 127.0.0.1 that answers each
 request according to the first segment of its path (base_url http://127.0.0.1:PORT/<mode>/v1), with
 the real openai client and no mocks. A failure is retried by the client, then recorded as a missing
-score with its reason in `status`; the training iteration completes and logs the counts to MLflow."""
+score with its reason in `status` and `error_kind`; the training iteration completes and logs the
+counts to MLflow."""
 import json
 import socket
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_config
 
-from tasks.coach import CoachConfig, CoachRequest, LLMCoach
+from tasks.coach import ERROR_KINDS, STATUSES, CoachConfig, CoachRequest, LLMCoach
 
 FLAKY_FAILURES = 2  # `flaky` answers 500 to this many requests, then ok
 RETRY_AFTER_S = 1.5  # what `429` asks the client to wait (longer than its own backoff for a first retry)
@@ -121,13 +122,13 @@ def test_flaky_server_recovers_through_the_retries(server):
     assert server.hits["flaky"] == FLAKY_FAILURES + 1
 
 
-@pytest.mark.parametrize("mode, status, words", [
+@pytest.mark.parametrize("mode, kind, words", [
     ("500", "server_error", ["InternalServerError", "500", "fell over"]),
     ("429", "rate_limited", ["RateLimitError", "429", "slow down"]),
 ])
-def test_error_status_is_retried_then_missing(server, mode, status, words):
+def test_error_status_is_retried_then_missing(server, mode, kind, words):
     r = coach(server.url(mode), max_retries=2).score(REQ)
-    assert (r.status, r.score) == (status, None)
+    assert (r.status, r.error_kind, r.score) == ("error", kind, None)
     assert all(w in r.rationale for w in words), r.rationale
     assert server.hits[mode] == 3  # the request and 2 retries
     if mode == "429":  # Retry-After is honoured: 2 waits of RETRY_AFTER_S, longer than the backoff (<= 1.5 s)
@@ -136,7 +137,7 @@ def test_error_status_is_retried_then_missing(server, mode, status, words):
 
 def test_timeout_is_retried_then_missing(server):
     r = coach(server.url("slow"), timeout_s=0.5, max_retries=1).score(REQ)
-    assert (r.status, r.score) == ("timeout", None)
+    assert (r.status, r.error_kind, r.score) == ("timeout", "timeout", None)
     assert "APITimeoutError" in r.rationale and "timed out" in r.rationale
     assert server.hits["slow"] == 2
 
@@ -146,7 +147,7 @@ def test_refused_connection_is_retried_then_missing():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket closes
     r = coach(f"http://127.0.0.1:{port}/v1", max_retries=1).score(REQ)
-    assert (r.status, r.score) == ("connection_error", None)
+    assert (r.status, r.error_kind, r.score) == ("error", "connection_error", None)
     assert "APIConnectionError" in r.rationale and "Connection" in r.rationale
     assert r.latency_s >= 0.3  # one backoff (0.5 s less up to 25% jitter) before the retry
 
@@ -157,7 +158,7 @@ def test_refused_connection_is_retried_then_missing():
 ])
 def test_non_json_reply_is_malformed(server, mode, words):
     r = coach(server.url(mode)).score(REQ)
-    assert (r.status, r.score) == ("malformed", None)
+    assert (r.status, r.error_kind, r.score) == ("malformed", "not_a_completion", None)
     assert all(w in r.rationale for w in words), r.rationale
     assert server.hits[mode] == 1  # a 200 is not retried, and there is no answer to re-ask about
 
@@ -165,7 +166,7 @@ def test_non_json_reply_is_malformed(server, mode, words):
 @pytest.mark.parametrize("mode, words", [("noscore", ["Looks reasonable"]), ("outofrange", ["PROCESS_SCORE: 42"])])
 def test_answer_without_a_valid_score_is_reasked_then_malformed(server, mode, words):
     r = coach(server.url(mode), reask=2).score(REQ)
-    assert (r.status, r.score) == ("malformed", None)
+    assert (r.status, r.error_kind, r.score) == ("malformed", "no_valid_score", None)
     assert "no PROCESS_SCORE in 0..10" in r.rationale and all(w in r.rationale for w in words), r.rationale
     assert server.hits[mode] == 3  # the question and 2 re-asks
 
@@ -175,7 +176,7 @@ def test_only_scores_are_cached(server, tmp_path):
     gets a score; the third is answered from the cache."""
     c = coach(server.url("flaky"), tmp_path / "cache.sqlite", max_retries=1, cache=True)
     first, second, third = (c.score(REQ) for _ in range(3))
-    assert first.status == "server_error" and not first.cached
+    assert (first.status, first.error_kind) == ("error", "server_error") and not first.cached
     assert second.status == "ok" and not second.cached
     assert third.status == "ok" and third.cached and third.score == 7.0
     assert server.hits["flaky"] == FLAKY_FAILURES + 1  # 2 failed, 1 ok, none for the cached one
@@ -197,10 +198,13 @@ def test_train_iteration_completes_with_a_faulty_coach(prefect_harness, server, 
 
     coach_df = store.read_table(run_dir, "coach")
     status = coach_df["status"].value_counts().to_dict()
+    kinds = coach_df["error_kind"].value_counts().to_dict()
     # each action's mode follows from the server's request counts: ok 1, 500 2 (a retry), no score 2 (a re-ask)
-    expected = {"ok": server.hits["mixed/ok"], "server_error": server.hits["mixed/500"] // 2,
+    expected = {"ok": server.hits["mixed/ok"], "error": server.hits["mixed/500"] // 2,
                 "malformed": (server.hits["mixed/noscore"] + server.hits["mixed/outofrange"]) // 2}
     assert status == {k: v for k, v in expected.items() if v}
+    assert kinds == {k: v for k, v in {"server_error": expected["error"], "no_valid_score": expected["malformed"]}.items()
+                     if v}
     assert status.get("ok", 0) > 0 and len(coach_df) - status.get("ok", 0) > 0, status
     assert coach_df[coach_df.status == "ok"]["score"].eq(7.0).all()
     missing = coach_df[coach_df.status != "ok"]
@@ -216,6 +220,8 @@ def test_train_iteration_completes_with_a_faulty_coach(prefect_harness, server, 
     run = client.get_run((Path(run_dir) / "mlflow_run_id").read_text().strip())
     assert run.info.status == "FINISHED"
     metrics = run.data.metrics
-    for s in ("ok", "malformed", "timeout", "rate_limited", "server_error", "connection_error", "error"):
+    for s in STATUSES:
         assert metrics[f"coach_status/{s}"] == status.get(s, 0), s
+    for k in ERROR_KINDS:
+        assert metrics[f"coach_error/{k}"] == kinds.get(k, 0), k
     assert sum(metrics[f"coach_missing/{a}"] for a in ("solver", "executor", "verifier")) == len(missing)

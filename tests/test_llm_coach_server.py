@@ -109,4 +109,4 @@ def test_unreachable_coach_is_a_missing_score_not_a_crash():
     port = _free_port()  # nothing listens here
     cfg = CoachConfig(backend="llm", base_url=f"http://127.0.0.1:{port}/v1", model="x", max_retries=0, timeout_s=5)
     r = LLMCoach(cfg).score(CoachRequest("q", "role", "ctx", "act", "fb"))
-    assert r.status == "connection_error" and r.score is None and "Connection" in r.rationale
+    assert (r.status, r.error_kind) == ("error", "connection_error") and r.score is None and "Connection" in r.rationale

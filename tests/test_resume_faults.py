@@ -1,5 +1,6 @@
 """Kill the training process (SIGKILL) in the middle of each DAG stage, of a Parquet write and of a
-checkpoint write; `teamrl train --resume` then finishes the run with exactly the tables of the
+checkpoint write, or fail a stage so that Prefect records the flow run as Failed; `teamrl train
+--resume` (or `prefect flow-run retry`) then finishes the run with exactly the tables of the
 uninterrupted run with the same seed, and consistent checkpoints."""
 import os
 import signal
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import table_content
+import yaml
+from conftest import TEAMTR, table_content
 
 from infra.policy import latest_version
 
@@ -17,14 +19,18 @@ pytestmark = pytest.mark.slow
 TABLES = ("episodes", "actions", "coach", "advantages", "updates")
 
 
-def _teamrl(args, log: Path, env_extra=None):
-    """Run the CLI in its own session, output to `log` (a pipe would be held open by its Prefect server
-    after a SIGKILL); afterwards kill whatever it left behind."""
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.cli")):
+    """Run the CLI (`teamrl args`, or `cli args`) in its own session, output to `log` (a pipe would be held
+    open by its Prefect server after a SIGKILL); afterwards kill whatever it left behind."""
     env = {k: v for k, v in os.environ.items() if k != "TEAMRL_FAULT"}
-    env |= {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"} | (env_extra or {})
+    env |= {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0", "PREFECT_HOME": str(log.parent / "prefect")}
+    env |= env_extra or {}
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+        proc = subprocess.Popen([*cli, *args], env=env, start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             rc = proc.wait(timeout=600)
         finally:
@@ -49,6 +55,51 @@ def test_killed_run_resumes_to_identical_tables(fault, trained_run, tmp_path):
     run_dir = tmp_path / "f"
     rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "f"], tmp_path / "resumed.log")
     assert rc == 0, out[-3000:]
+    assert_same_as_uninterrupted(ref_dir, run_dir)
+
+
+def test_killed_at_each_remaining_stage_in_turn(trained_run, tmp_path):
+    """One run killed in iteration 2's extract, then (resumed: the first hit is iteration 2's again) in its
+    coach_evaluate, then in its compute_advantages."""
+    _, ref_dir = trained_run
+    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=c", "--set", "seed=1"]
+    for i, fault in enumerate(["extract:2", "coach_evaluate:1", "compute_advantages:1"]):
+        rc, out = _teamrl(args, tmp_path / f"killed-{i}.log", {"TEAMRL_FAULT": fault})
+        assert rc == -signal.SIGKILL, f"{fault} did not fire (rc={rc}):\n{out[-3000:]}"
+        args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "c"]
+    rc, out = _teamrl(args, tmp_path / "resumed.log")
+    assert rc == 0, out[-3000:]
+    assert_same_as_uninterrupted(ref_dir, tmp_path / "c")
+
+
+def test_killed_in_a_teamtr_resample_resumes_to_identical_tables(teamtr_run, tmp_path):
+    """TeamTR (random order, trust region): killed in iteration 1's second resample, after its actions."""
+    _, ref_dir = teamtr_run
+    sets = [x for kv in ("run.id=t", *TEAMTR) for x in ("--set", kv)]
+    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", *sets], tmp_path / "killed.log",
+                      {"TEAMRL_FAULT": "resample:2"})
+    assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
+    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "t"], tmp_path / "resumed.log")
+    assert rc == 0, out[-3000:]
+    assert_same_as_uninterrupted(ref_dir, tmp_path / "t")
+
+
+def test_failed_flow_run_is_finished_by_prefect_retry(trained_run, tmp_path):
+    """A stage that keeps failing (past its task retries) fails the flow run; `prefect flow-run retry`
+    reruns that same flow run, which reopens its run folder and skips the finished stages."""
+    _, ref_dir = trained_run
+    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=p", "--set", "seed=1"]
+    rc, out = _teamrl(args, tmp_path / "failed.log", {"TEAMRL_FAULT": "coach_evaluate:3:raise"})
+    assert rc != 0 and "InjectedFault" in out, out[-3000:]
+    flow_run_id = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["flow_run_id"]
+    rc, out = _teamrl(["flow-run", "retry", flow_run_id, "--entrypoint", "flows/train.py:train"],
+                      tmp_path / "retry.log", cli=[str(Path(sys.executable).with_name("prefect"))])
+    assert rc == 0 and "completed successfully" in out, out[-3000:]
+    assert_same_as_uninterrupted(ref_dir, tmp_path / "p")
+    assert (tmp_path / "p" / "summary.png").exists()
+
+
+def assert_same_as_uninterrupted(ref_dir: Path, run_dir: Path) -> None:
     for table in TABLES:
         pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
     for agent in ("solver", "executor", "verifier"):

@@ -16,7 +16,8 @@ ROWS = {
     "actions": dict(KEY, role="solver", system=1, policy_version=2, prompt_text="p", response_text="r",
                     prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.5, -0.25], ref_logprobs=[-0.75, -1.0],
                     tool_name="python", tool_input="print(5)", tool_output="5", parent_turn=None),
-    "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok"),
+    "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok",
+                  error_kind=None),
     "advantages": dict(KEY, reward=0.7, advantages=[0.5, -1.5], loss_mask=[1, 0], weight=1),
     "updates": dict(run_id="r1", agent="solver", strategy="joint", kl=0.01, surrogate_gain=0.1, penalty=0.0,
                     certificate=0.0, loss=-0.1, tokens=12, seconds=1.5, version_before=0, version_after=1,
@@ -83,6 +84,17 @@ def test_write_rejects_rows_missing_a_column(tmp_path):
     with pytest.raises(ValueError, match="status"):
         store.write_partition(tmp_path, "coach", 1, "rollout", [row])
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_column_added_later_reads_as_null_in_older_files(tmp_path):
+    write(tmp_path, "coach", name="new", error_kind="timeout")
+    old = pa.schema([f for f in store.SCHEMAS["coach"] if f.name not in ("error_kind", "iteration", "phase")])
+    row = {k: v for k, v in ROWS["coach"].items() if k != "error_kind"} | {"episode_id": "e1"}
+    d = store.partition_dir(tmp_path, "coach", 1, "rollout")
+    pq.write_table(pa.Table.from_pylist([row], schema=old), d / "part-old.parquet")  # written before the column
+    df = store.read_table(tmp_path, "coach").sort_values("episode_id")
+    assert df["error_kind"].isna().tolist() == [False, True] and df["error_kind"].iloc[0] == "timeout"
+    assert df["error_kind"].dtype == pd.ArrowDtype(pa.string()) and df["status"].tolist() == ["ok", "ok"]
 
 
 def test_named_part_replaces_and_unnamed_parts_accumulate(tmp_path):

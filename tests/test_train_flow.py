@@ -109,6 +109,18 @@ def test_same_run_id_refused(trained_run):
         train(config=tiny_config(root, "run.id=spine"))
 
 
+def test_second_writer_refused_while_the_run_is_locked(trained_run):
+    from flows.train import train
+    from infra.runs import RunLockedError, run_lock
+
+    root, run_dir = trained_run
+    before = sorted(str(p) for p in Path(run_dir).rglob("*") if p.name != ".lock")
+    with run_lock(run_dir):  # another process writing this run
+        with pytest.raises(RunLockedError, match=r"run 'spine' is being written by another process \(lock "):
+            train(config=tiny_config(root), resume="spine")
+    assert sorted(str(p) for p in Path(run_dir).rglob("*") if p.name != ".lock") == before
+
+
 def test_full_copy_per_agent(prefect_harness, tmp_path):
     """`model.weights=full`: each agent trains its own full copy; the frozen base stays the reference."""
     from flows.train import train
@@ -158,3 +170,50 @@ def test_outcome_coach_pass_at_k_and_summary(prefect_harness, tmp_path):
     assert m["tool_use/executor"] >= 0.0 and m["tool_use/solver"] == 0.0
     assert (run_dir / "summary.png").stat().st_size > 10_000
     assert "Held-out success" in (run_dir / "summary.md").read_text()
+
+
+def test_teamtr_resamples_with_the_partially_updated_team(teamtr_run):
+    _, run_dir = teamtr_run
+    up = store.read_table(run_dir, "updates").sort_values(["iteration", "phase"])
+    eps = store.read_table(run_dir, "episodes")
+    assert (up["strategy"] == "teamtr").all() and not up["skipped"].any()
+    for k, rows in up.groupby("iteration"):
+        by_phase = dict(zip(rows["phase"], rows["agent"]))  # the phase an agent learnt from gives its position
+        assert sorted(by_phase) == ["resample-1", "resample-2", "rollout"]
+        first, second, third = by_phase["rollout"], by_phase["resample-1"], by_phase["resample-2"]
+        assert sorted([first, second, third]) == sorted(AGENTS)
+        start = {a: k - 1 for a in AGENTS}
+        played = {ph: dict(g["policy_versions"].iloc[0]) for ph, g in eps[eps.iteration == k].groupby("phase")}
+        assert played["rollout"] == start
+        assert played["resample-1"] == start | {first: k}  # the first agent already updated
+        assert played["resample-2"] == start | {first: k, second: k}
+        assert set(rows["version_after"]) == {k}
+    # the trust region holds, and the certificate is the gain minus the Pinsker penalty
+    assert (up["kl"].astype(float) <= 0.05).all()
+    np.testing.assert_allclose(up["certificate"].astype(float),
+                               up["surrogate_gain"].astype(float) - up["penalty"].astype(float), rtol=1e-9)
+    assert (up["penalty"].astype(float) >= 0).all()
+
+
+def test_teamtr_logs_certificates_and_resample_cost(teamtr_run):
+    from mlflow.tracking import MlflowClient
+
+    root, run_dir = teamtr_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(root).resolve() / 'mlflow.db'}")
+    run_id = (Path(run_dir) / "mlflow_run_id").read_text().strip()
+    up = store.read_table(run_dir, "updates", 2)
+    hist = {m.step: m.value for m in client.get_metric_history(run_id, "stage/certificate")}
+    assert hist[2] == pytest.approx(float(up["certificate"].astype(float).sum()))
+    # two resamples of as many questions as the stage-start rollouts: 200% more episodes than `stale`
+    assert {m.value for m in client.get_metric_history(run_id, "resample/extra_episodes_frac")} == {2.0}
+    for a in AGENTS:
+        assert client.get_metric_history(run_id, f"penalty/{a}")
+
+
+def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_harness, tmp_path):
+    from flows.train import train
+
+    run_dir = train(config=tiny_config(tmp_path, "iterations=1", "evaluate=false", "algorithm.strategy=stale"))
+    up = store.read_table(run_dir, "updates")
+    assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
+    assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}
