@@ -1,4 +1,4 @@
-"""The `teamrl` command line: train, eval, runs list / show."""
+"""The `teamrl` command line: train, eval, align, runs list / show."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.config import ConfigError, load_config, preset_names
+from flows.config import ConfigError, load_config, preset_names, validate
+from tasks.align import AlignConfig
 
 app = typer.Typer(help="Fine-tune teams of LLM agents with reinforcement learning.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -41,7 +42,8 @@ def train(
     preset: str = typer.Argument(..., help=f"preset name ({', '.join(preset_names())}) or a YAML file"),
     overrides: Optional[list[str]] = typer.Argument(None, help="more key=value overrides"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="override a config field: --set seed=3"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used)"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used; "
+                                         "--set iterations=N trains it on to N iterations)"),
 ):
     """Train a team with a preset (or YAML file), e.g. `teamrl train tiny --set iterations=2`."""
     try:
@@ -50,11 +52,15 @@ def train(
         _fail(str(e))
     from flows.report import run_table
     from flows.train import train as train_flow
-    from infra.runs import RunLockedError
+    from infra.runs import RunLockedError, RunShrinkError
 
+    keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
+    if resume and (ignored := sorted(keys - {"iterations", "run.dir"})):
+        err.print(f"[yellow]note:[/] with --resume the run's saved config is used; ignoring {', '.join(ignored)}")
     try:
-        run_dir = train_flow(config=cfg, resume=resume)
-    except (FileExistsError, FileNotFoundError, RunLockedError) as e:
+        run_dir = train_flow(config=cfg, resume=resume,
+                             iterations=cfg.iterations if resume and "iterations" in keys else None)
+    except (FileExistsError, FileNotFoundError, RunLockedError, RunShrinkError) as e:
         _fail(str(e))
     except Exception as e:  # the traceback, then how to finish the run
         import traceback
@@ -106,6 +112,69 @@ def eval_cmd(
     t.add_column("metric"), t.add_column("value", justify="right")
     for k, v in m.items():
         t.add_row(k, f"{v:.3f}")
+    console.print(t)
+
+
+def _align_help(field: str) -> str:
+    return AlignConfig.model_fields[field].description
+
+
+@app.command()
+def align(
+    run_id: str = typer.Argument(..., help="run id (or run folder)"),
+    agent: str = typer.Option(..., "--agent", help=_align_help("agent")),
+    init: str = typer.Option("fresh", "--init", help=_align_help("init")),
+    delta0: float = typer.Option(AlignConfig.model_fields["delta0"].default, "--delta0", help=_align_help("delta0")),
+    max_steps: int = typer.Option(AlignConfig.model_fields["max_steps"].default, "--max-steps",
+                                  help=_align_help("max_steps")),
+    probe_size: int = typer.Option(AlignConfig.model_fields["probe_size"].default, "--probe-size",
+                                   help=_align_help("probe_size")),
+    lr: Optional[float] = typer.Option(None, "--lr", help=_align_help("lr")),
+    runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
+):
+    """Swap AGENT for a new model and align it first (TeamTR's Stage-0): minimise the reverse KL
+    D_KL(new || old) on the contexts the team produced at the agent's turns in the latest training
+    rollouts, until it is <= delta0. Saves the aligned agent as its next checkpoint version and compares
+    held-out success before the swap, after a direct swap, and after the alignment. Only `--init fresh`
+    (a new agent on the run's base model) is supported; another base model or size is out of scope."""
+    from flows.align import AlignError, plan
+    from flows.align import align as align_flow
+    from infra import runs
+    from infra.runs import RunLockedError
+
+    try:
+        cfg = validate({"agent": agent, "init": init, "delta0": delta0, "max_steps": max_steps,
+                        "probe_size": probe_size, "lr": lr}, AlignConfig)
+        run_dir = runs.find_run(runs_dir, run_id)
+        plan(str(run_dir), cfg)
+        result = align_flow(str(run_dir), cfg)
+    except (ConfigError, FileNotFoundError, AlignError, RunLockedError) as e:
+        _fail(str(e))
+    _swap_table(result)
+
+
+def _swap_table(r: dict) -> None:
+    """The swap shock: held-out success before the swap, after a direct swap, after Stage-0."""
+    a, k = r["agent"], r["iteration"]
+    console.print(f"stage-0 {a} (run {Path(r['run_dir']).name}, iteration {k}, probe {r['probe_actions']} actions / "
+                  f"{r['probe_tokens']} tokens): reverse KL [bold]{r['kl_before']:.4g}[/] -> [bold]{r['kl_after']:.4g}"
+                  f"[/] in {r['steps']} steps (delta0 {r['delta0']:g})")
+    if not r["converged"]:
+        console.print("[yellow]delta0 not reached: raise --max-steps or --lr[/]")
+    t = Table(title=f"held-out success (greedy, 95% CI) around the swap of {a}")
+    for c in ("team", "partition", f"{a} version", "success", "ci low", "ci high", "vs before"):
+        t.add_column(c, justify="left" if c in ("team", "partition") else "right")
+    before = r["eval"]["eval"]
+    rows = (("before the swap", "eval", r["team"][a]), ("swap, no stage-0", f"eval-swap-{a}", 0),
+            ("stage-0 aligned", f"eval-aligned-{a}", r["version_after"]))
+    for label, phase, version in rows:
+        m = r["eval"][phase]
+        if m is None:
+            t.add_row(label, phase, str(version), "not evaluated", "-", "-", "-")
+            continue
+        diff = "-" if before is None else f"{m['success_rate'] - before['success_rate']:+.3f}"
+        t.add_row(label, phase, str(version), f"{m['success_rate']:.3f}", f"{m['success_ci_low']:.3f}",
+                  f"{m['success_ci_high']:.3f}", diff)
     console.print(t)
 
 

@@ -3,7 +3,7 @@ and overridden with `--set key=value`. Errors name the field and nothing is writ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -94,9 +94,13 @@ def _format(e: ValidationError) -> str:
     return "invalid config: " + "; ".join(lines)
 
 
-def validate(raw: dict) -> RunConfig:
+T = TypeVar("T", bound=BaseModel)
+
+
+def validate(raw: dict, model: type[T] = RunConfig) -> T:
+    """`raw` as a `model` (the run config by default); a ConfigError naming the bad fields."""
     try:
-        return RunConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
 

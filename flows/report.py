@@ -11,18 +11,24 @@ from tasks.coach import ERROR_KINDS, STATUSES
 from tasks.evaluation import bootstrap_ci, pass_at_k
 
 
+def is_eval(phase: str) -> bool:
+    """Held-out evaluation partitions: `eval`, and `eval-<what>` (e.g. the swap-shock ones of flows/align.py)."""
+    return phase.split("-", 1)[0] == "eval"
+
+
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
     """Success, coach score and reward per agent, response length, code errors of one partition, and the
     number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
-    sampled = eps[flag == 0.0] if phase == "eval" else eps.iloc[0:0]
-    main = eps[flag == 1.0] if phase == "eval" else eps
+    evaluation = is_eval(phase)
+    sampled = eps[flag == 0.0] if evaluation else eps.iloc[0:0]
+    main = eps[flag == 1.0] if evaluation else eps
     if len(main):
         succ = main["success"].astype(float).to_numpy()
         m["success_rate"] = float(succ.mean())
-        if phase == "eval":
+        if evaluation:
             lo, hi = bootstrap_ci(succ)
             m["success_ci_low"], m["success_ci_high"] = lo, hi
         m["code_error_rate"] = float(main["metrics"].map(lambda d: dict(d).get("code_error", 0.0)).mean())
@@ -31,7 +37,7 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         k = int(per_q["size"].min())
         m[f"pass_at_{k}"] = float(np.mean([pass_at_k(int(n), int(c), k) for n, c in per_q.itertuples(index=False)]))
     acts = store.load_actions(run_dir, iteration, phase)
-    if phase == "eval":
+    if evaluation:
         acts = acts[acts["episode_id"].isin(set(main["episode_id"]))]
     for agent, g in acts.groupby("agent", sort=True):
         m[f"coach_score/{agent}"] = float(g["score"].astype(float).mean())
@@ -52,6 +58,7 @@ def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
     """Per agent: loss, KL, surrogate gain, penalty, certificate, tokens, seconds, skipped, version; per
     stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates."""
     up = store.read_table(run_dir, "updates", iteration)
+    up = up[up["strategy"] != "stage0"]  # Stage-0 alignments (flows/align.py) log their own metrics
     m: dict[str, float] = {}
     for r in up.to_dict("records"):
         a = r["agent"]
@@ -79,7 +86,7 @@ def run_table(run_dir: str | Path) -> pd.DataFrame:
     if not len(df):
         return df
     # eval at iteration K measures the policy after K updates, so it follows rollout K
-    df["_after"] = df["phase"] == "eval"
+    df["_after"] = df["phase"].map(is_eval)
     return df.sort_values(["iteration", "_after", "phase"]).drop(columns="_after").reset_index(drop=True)
 
 

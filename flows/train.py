@@ -96,11 +96,15 @@ def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig
         if algo.strategy != "joint":
             current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
-    acts = store.read_table(run_dir, "actions", k)
-    tokens = acts.groupby("phase")["response_ids"].agg(lambda c: float(c.map(len).sum()))
-    m["rollout_tokens_per_s"] = tokens.sum() / max(seconds["collect_rollouts"], 1e-9)
+
+    def training(table):  # this iteration's rollout and resample partitions (not its evaluation)
+        df = store.read_table(run_dir, table, k)
+        return df[(df["phase"] == "rollout") | df["phase"].str.startswith("resample")]
+
+    tokens = training("actions").groupby("phase")["response_ids"].agg(lambda c: float(c.map(len).sum()))
+    m["rollout_tokens_per_s"] = tokens.sum() / max(seconds.get("collect_rollouts", 0.0), 1e-9)
     # TeamTR's price: rollouts and tokens spent on resamples, relative to the stage-start set (`stale`'s cost)
-    eps = store.read_table(run_dir, "episodes", k).groupby("phase").size()
+    eps = training("episodes").groupby("phase").size()
     m["resample/extra_episodes_frac"] = float(eps.drop("rollout").sum() / eps["rollout"])
     m["resample/extra_tokens_frac"] = float(tokens.drop("rollout").sum() / tokens["rollout"])
     m |= {f"seconds/{s}": v for s, v in seconds.items()}
@@ -130,12 +134,16 @@ def _flow_run_name() -> str:
 
 
 @flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
-def train(config: RunConfig, resume: str | None = None) -> str:
-    """Train a team. `resume`: the id of a run to finish (finished stages are not redone)."""
+def train(config: RunConfig, resume: str | None = None, iterations: int | None = None) -> str:
+    """Train a team. `resume`: the id of a run to finish (finished stages are not redone);
+    `iterations` with `resume`: train the run on to this many iterations (never fewer than saved)."""
     logger = get_run_logger()
     run_dir, reopened = prepare_run(config, resume)
-    cfg = saved_config(run_dir)
     with runs.run_lock(run_dir):
+        if reopened and iterations is not None:
+            runs.extend_run(run_dir, iterations)
+            context.forget(str(run_dir))
+        cfg = saved_config(run_dir)
         if reopened and (n := runs.remove_temporaries(run_dir)):
             logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)

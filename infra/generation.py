@@ -74,10 +74,10 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     return out
 
 
-def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs under softmax(logits / T) of each response token given its prompt, as a [B, R_max]
-    tensor (0 past each end).
+def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
+                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits [B, R_max, V] of the next-token distribution at each response position, teacher-forced on
+    the responses; response ids [B, R_max]; 0/1 mask [B, R_max]).
 
     Prompts are left-padded and responses right-padded so all responses start in the same column;
     only the response positions' logits are computed. Keeps the autograd graph (use no_grad to score).
@@ -93,7 +93,15 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     mask = torch.cat([mask_p, mask_r], dim=1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r_max + 1).logits
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return logits[:, :-1], ids_r, mask_r
+
+
+def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs under softmax(logits / T) of each response token given its prompt, as a [B, R_max]
+    tensor (0 past each end). Keeps the autograd graph (use no_grad to score)."""
+    logits, ids_r, mask_r = response_logits(model, prompts, responses, pad_id)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     tok = logp.gather(-1, ids_r.unsqueeze(-1)).squeeze(-1)
     return tok * mask_r
 

@@ -17,6 +17,10 @@ class RunLockedError(RuntimeError):
     """Another process is writing this run."""
 
 
+class RunShrinkError(ValueError):
+    """A resumed run cannot get fewer iterations than it was configured for."""
+
+
 def new_run_id(prefix: str) -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -33,6 +37,17 @@ def create_run(root: str | Path, run_id: str, config: dict, flow_run_id: str | N
                                   sort_keys=False))
     os.replace(tmp, d / "config.yaml")
     return d
+
+
+def extend_run(run_dir: str | Path, iterations: int) -> None:
+    """Raise a run's saved iteration count (config.yaml rewritten atomically; its identity kept)."""
+    raw = read_run_config(run_dir)
+    if iterations < raw["iterations"]:
+        raise RunShrinkError(f"run {Path(run_dir).name!r} is configured for {raw['iterations']} iterations; "
+                         f"it can be extended, not shortened to {iterations}")
+    tmp = Path(run_dir) / f".config-{uuid.uuid4().hex}.yaml"
+    tmp.write_text(yaml.safe_dump(raw | {"iterations": iterations}, sort_keys=False))
+    os.replace(tmp, Path(run_dir) / "config.yaml")
 
 
 def read_run_config(run_dir: str | Path) -> dict:

@@ -94,6 +94,28 @@ SCHEMAS: dict[str, pa.Schema] = {
         pa.field("skipped", pa.bool_()),
         pa.field("reason", pa.string()),
     ]),
+    # one row per Stage-0 alignment (flows/align.py), phase `align` at the iteration whose rollouts probed
+    "align": pa.schema([
+        pa.field("run_id", pa.string()),
+        pa.field("iteration", pa.int32()),
+        pa.field("phase", pa.string()),
+        pa.field("agent", pa.string()),
+        pa.field("init", pa.string()),
+        pa.field("version_before", pa.int32()),
+        pa.field("version_after", pa.int32()),
+        pa.field("probe_actions", pa.int32()),
+        pa.field("probe_tokens", pa.int64()),
+        pa.field("delta0", pa.float64()),
+        pa.field("lr", pa.float64()),
+        pa.field("kl_before", pa.float64()),
+        pa.field("kl_after", pa.float64()),
+        pa.field("steps", pa.int32()),
+        pa.field("converged", pa.bool_()),
+        pa.field("seconds", pa.float64()),
+        pa.field("success_before", pa.float64()),
+        pa.field("success_swap", pa.float64()),
+        pa.field("success_aligned", pa.float64()),
+    ]),
 }
 
 

@@ -30,6 +30,11 @@ def _raw(run_dir: str) -> dict:
     return yaml.safe_load(p.read_text())
 
 
+def forget(run_dir: str) -> None:
+    """Drop the cached config (after config.yaml was rewritten)."""
+    _raw.cache_clear()
+
+
 def section(run_dir: str, name: str, model: type[T]) -> T:
     """One validated section of the run's resolved config."""
     return model.model_validate(_raw(str(run_dir))[name])

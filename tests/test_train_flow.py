@@ -217,3 +217,20 @@ def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_h
     up = store.read_table(run_dir, "updates")
     assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
     assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}
+
+
+def test_resume_can_extend_a_finished_run_but_not_shorten_it(prefect_harness, tmp_path):
+    import yaml
+
+    from flows.train import train
+    from infra.runs import RunShrinkError
+
+    cfg = tiny_config(tmp_path, "run.id=ext", "iterations=1", "evaluate=false")
+    run_dir = Path(train(config=cfg))
+    before = yaml.safe_load((run_dir / "config.yaml").read_text())
+    train(config=cfg, resume="ext", iterations=2)
+    after = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert after == before | {"iterations": 2}  # same run_id, nonce and flow run
+    assert sorted(store.read_table(run_dir, "updates")["iteration"].unique()) == [1, 2]
+    with pytest.raises(RunShrinkError, match="extended, not shortened"):
+        train(config=cfg, resume="ext", iterations=1)
