@@ -22,6 +22,9 @@ ROWS = {
     "updates": dict(run_id="r1", agent="solver", strategy="joint", kl=0.01, surrogate_gain=0.1, penalty=0.0,
                     certificate=0.0, loss=-0.1, tokens=12, seconds=1.5, version_before=0, version_after=1,
                     skipped=False, reason=""),
+    "align": dict(run_id="r1", agent="executor", init="fresh", version_before=2, version_after=3, probe_actions=8,
+                  probe_tokens=192, delta0=0.02, lr=0.0005, kl_before=0.25, kl_after=0.015625, steps=2,
+                  converged=True, seconds=1.5, success_before=0.5, success_swap=0.25, success_aligned=0.5),
 }
 
 EXPLICIT_TYPES = [
