@@ -85,6 +85,11 @@ def _before_after(run_dir: Path) -> None:
         console.print(f"held-out success (greedy, 95% CI): [bold]{a['success']:.3f}[/] [{a['ci low']:.3f}, "
                       f"{a['ci high']:.3f}] untrained -> [bold]{b['success']:.3f}[/] [{b['ci low']:.3f}, "
                       f"{b['ci high']:.3f}] after {int(b['iteration'])} iterations")
+    if len(ev) >= 3:
+        from tasks.evaluation import regressions
+
+        console.print(f"held-out curve: {' -> '.join(f'{v:.3f}' for v in ev['success'])} "
+                      f"({regressions(ev['success'])} regressions)")
     if (run_dir / "summary.png").exists():
         console.print(f"plot: {run_dir / 'summary.png'}")
 

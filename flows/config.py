@@ -41,6 +41,8 @@ class RunConfig(BaseModel):
     iterations: int = Field(2, ge=0, le=100000, description="training iterations")
     evaluate: bool = Field(True, description="evaluate on the held-out split before the first and after the "
                            "last iteration")
+    eval_every: int = Field(0, ge=0, description="with `evaluate`, also evaluate after every this-many iterations "
+                            "(0: only before the first and after the last), for held-out learning curves")
     run: RunSettings = Field(default_factory=RunSettings)
     model: ModelConfig = Field(default_factory=ModelConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)

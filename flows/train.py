@@ -163,9 +163,8 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 tracker.log_metrics(m, step=k)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
                             ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))
-            if cfg.evaluate and cfg.iterations > 0:
-                tracker.log_metrics({f"eval/{k}": v for k, v in evaluate_partition(rd, cfg.iterations).items()},
-                                    step=cfg.iterations)
+                if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
+                    tracker.log_metrics({f"eval/{n}": v for n, v in evaluate_partition(rd, k).items()}, step=k)
             tracker.log_artifacts(run_dir / "checkpoints", "checkpoints")
             publish_summary(run_dir, tracker)
         except BaseException:

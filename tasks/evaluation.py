@@ -22,3 +22,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def regressions(values) -> int:
+    """Number of drops between consecutive evaluations: #{t : v_t < v_(t-1)}."""
+    v = np.asarray(values, dtype=np.float64)
+    return int((np.diff(v) < 0).sum())

@@ -31,3 +31,10 @@ def test_bootstrap_ci_brackets_the_mean_and_is_seeded():
     assert bootstrap_ci(v, seed=0) == (lo, hi)
     assert bootstrap_ci(np.ones(10)) == (1.0, 1.0)
     assert all(np.isnan(bootstrap_ci(np.array([]))))
+
+
+def test_regressions_count_drops_between_consecutive_evaluations():
+    from tasks.evaluation import regressions
+
+    assert regressions([0.2, 0.3, 0.25, 0.25, 0.4, 0.1]) == 2
+    assert regressions([0.5]) == 0 and regressions([]) == 0

@@ -234,3 +234,11 @@ def test_resume_can_extend_a_finished_run_but_not_shorten_it(prefect_harness, tm
     assert sorted(store.read_table(run_dir, "updates")["iteration"].unique()) == [1, 2]
     with pytest.raises(RunShrinkError, match="extended, not shortened"):
         train(config=cfg, resume="ext", iterations=1)
+
+
+def test_eval_every_gives_a_held_out_curve(prefect_harness, tmp_path):
+    from flows.train import train
+
+    run_dir = train(config=tiny_config(tmp_path, "iterations=3", "eval_every=2", "rollout.questions=2"))
+    eps = store.read_table(run_dir, "episodes", phase="eval")
+    assert sorted(eps["iteration"].unique()) == [0, 2, 3]  # before, every 2nd iteration, after the last
