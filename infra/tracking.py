@@ -38,10 +38,10 @@ class Tracker:
         exp_id = exp.experiment_id if exp else self.client.create_experiment(
             experiment, artifact_location=(Path(root).resolve() / "mlartifacts").as_uri())
         id_file = self.run_dir / "mlflow_run_id"
-        if id_file.exists():
+        if id_file.exists() and self._known(id_file.read_text().strip()):
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
-        else:
+        else:  # a new run, or its MLflow run is not in this store (the folder was moved, the database lost)
             run = self.client.create_run(exp_id, run_name=self.run_dir.name, tags={"teamrl.run_dir": str(self.run_dir)})
             self.run_id = run.info.run_id
             id_file.write_text(self.run_id)
@@ -50,6 +50,15 @@ class Tracker:
             items = [Param(k, v) for k, v in _flatten(params).items()]
             for i in range(0, len(items), 100):
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def _known(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(run_id)
+            return True
+        except MlflowException:
+            return False
 
     def log_metrics(self, metrics: dict[str, float | None], step: int) -> None:
         if not self.enabled:
