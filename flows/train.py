@@ -66,18 +66,20 @@ def update_order(agents: list[str], order: str, seed: int, iteration: int) -> li
     return [agents[i] for i in rng.permutation(len(agents))]
 
 
+def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), adding its wall time to seconds[name]."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+    return out
+
+
 def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
     """collect_rollouts -> extract -> coach_evaluate -> compute_advantages for one partition."""
-    def timed(name, fn, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
-        return out
-
-    path = timed("collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
-    timed("extract", extract, run_dir, k, phase, path)
-    timed("coach_evaluate", coach_evaluate, run_dir, k, phase)
-    timed("compute_advantages", compute_advantages, run_dir, k, phase)
+    path = timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
+    timed(seconds, "extract", extract, run_dir, k, phase, path)
+    timed(seconds, "coach_evaluate", coach_evaluate, run_dir, k, phase)
+    timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
 
 
 def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
@@ -90,9 +92,8 @@ def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
             score_partition(run_dir, k, phase, dict(current), seconds, questions=algo.resample_questions)
-        t0 = time.perf_counter()
-        v = update.with_options(task_run_name=f"update-{agent}")(run_dir, k, phase, agent, versions[agent])
-        seconds["update"] = seconds.get("update", 0.0) + time.perf_counter() - t0
+        v = timed(seconds, "update", update.with_options(task_run_name=f"update-{agent}"), run_dir, k, phase, agent,
+                  versions[agent])
         if algo.strategy != "joint":
             current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
