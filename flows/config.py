@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.generation import EnginesConfig
 from infra.models import ModelConfig
-from pipelines import PipelineConfig
+from pipelines import MathChatConfig, PipelineConfig
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach import CoachConfig
 from tasks.collect_rollouts import RolloutConfig
@@ -45,7 +45,7 @@ class RunConfig(BaseModel):
                             "(0: only before the first and after the last), for held-out learning curves")
     run: RunSettings = Field(default_factory=RunSettings)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    pipeline: PipelineConfig = Field(default_factory=MathChatConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     coach: CoachConfig = Field(default_factory=CoachConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

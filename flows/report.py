@@ -31,7 +31,13 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         if evaluation:
             lo, hi = bootstrap_ci(succ)
             m["success_ci_low"], m["success_ci_high"] = lo, hi
-        m["code_error_rate"] = float(main["metrics"].map(lambda d: dict(d).get("code_error", 0.0)).mean())
+        em = pd.DataFrame([dict(d) for d in main["metrics"]]).drop(columns=["greedy"], errors="ignore")
+        m["code_error_rate"] = float(em["code_error"].mean()) if "code_error" in em else 0.0
+        m |= {f"episode/{k}": float(v) for k, v in em.mean().items()}  # the pipeline's per-episode metrics
+        if em.get("s1_tokens_out", pd.Series(dtype=float)).sum() > 0:  # MARS: raw tokens in / extracted out
+            m["system1/compression"] = float(em["s1_tokens_in"].sum() / em["s1_tokens_out"].sum())
+        if em.get("s1_bins_lower_bound", pd.Series(dtype=float)).sum() > 0:  # FFD bins vs ceil(sum / capacity)
+            m["system1/bins_over_lower_bound"] = float(em["s1_bins"].sum() / em["s1_bins_lower_bound"].sum())
     if len(sampled):
         per_q = sampled.groupby("group_id")["success"].agg(["size", "sum"])
         k = int(per_q["size"].min())

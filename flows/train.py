@@ -1,5 +1,5 @@
-"""The train flow: per iteration, collect_rollouts -> extract -> coach_evaluate -> compute_advantages
--> update (one per agent; TeamTR resamples before each later agent's update), with held-out
+"""The train flow: per iteration, collect_rollouts (with MARS's System-1 `extract` per turn) ->
+coach_evaluate -> compute_advantages -> update (one per agent; TeamTR resamples before each later agent's update), with held-out
 evaluation before the first and after the last iteration."""
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from tasks.algorithm import AlgorithmConfig
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 from tasks.compute_advantages import compute_advantages
-from tasks.extract import extract
 from tasks.update import update
 
 
@@ -75,9 +74,8 @@ def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
 
 
 def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
-    """collect_rollouts -> extract -> coach_evaluate -> compute_advantages for one partition."""
-    path = timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
-    timed(seconds, "extract", extract, run_dir, k, phase, path)
+    """collect_rollouts (System-1 `extract` runs inside, per turn) -> coach_evaluate -> compute_advantages."""
+    timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
     timed(seconds, "coach_evaluate", coach_evaluate, run_dir, k, phase)
     timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
 

@@ -124,3 +124,22 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a chat rendered with the model's template, ending with the assistant header."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def continue_chat(tokenizer, response_ids: list[int], content: str) -> list[int]:
+    """Token ids to append after an assistant response so the sequence reads as the same chat plus a
+    new user message and the next assistant header (closing the response's turn if it was cut off).
+
+    Multi-turn contexts built this way are prefixes of each other, so every turn's tokens keep their
+    position in one trajectory sequence (MARS trains System 2 on that sequence, observations masked)."""
+    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    closed = tokenizer.apply_chat_template(base, tokenize=False)
+    longer = tokenizer.apply_chat_template(base + [{"role": "user", "content": content}], add_generation_prompt=True,
+                                           tokenize=False)
+    if not longer.startswith(closed):
+        raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
+    close = closed[closed.rindex("y") + 1:]  # what ends an assistant turn, e.g. "<|im_end|>\n"
+    eos = tokenizer.eos_token or ""
+    if response_ids and response_ids[-1] == tokenizer.eos_token_id and close.startswith(eos):
+        close = close[len(eos):]  # the response already ends with the end-of-turn token
+    return tokenizer(close + longer[len(closed):], add_special_tokens=False)["input_ids"]

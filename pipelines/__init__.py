@@ -1,16 +1,34 @@
 """WHAT is trained: teams, their environments and tools, task sets and outcome scorers."""
 from __future__ import annotations
 
+from typing import Annotated, Union
+
+from pydantic import Discriminator, Tag, TypeAdapter
+
 from pipelines.base import AgentSpec, Pipeline, Problem
+from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.mathchat import MathChat, MathChatConfig
 
-PipelineConfig = MathChatConfig  # a discriminated union on `name` once more pipelines land
 
-PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat}
+def _name(v) -> str:
+    return (v.get("name") if isinstance(v, dict) else getattr(v, "name", None)) or "mathchat"
 
 
-def build_pipeline(cfg: PipelineConfig, seed: int) -> Pipeline:
+# one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out)
+PipelineConfig = Annotated[Union[Annotated[MathChatConfig, Tag("mathchat")],
+                                 Annotated[DeepResearchConfig, Tag("deepresearch")]], Discriminator(_name)]
+
+
+def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig:
+    """Validate a `pipeline:` section into its pipeline's config model."""
+    return TypeAdapter(PipelineConfig).validate_python(raw)
+
+PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat, "deepresearch": DeepResearch}
+
+
+def build_pipeline(cfg: MathChatConfig | DeepResearchConfig, seed: int) -> Pipeline:
     return PIPELINES[cfg.name](cfg, seed)
 
 
-__all__ = ["AgentSpec", "Pipeline", "Problem", "PipelineConfig", "PIPELINES", "build_pipeline", "MathChatConfig"]
+__all__ = ["AgentSpec", "Pipeline", "Problem", "PipelineConfig", "PIPELINES", "build_pipeline", "pipeline_config", "MathChatConfig",
+           "DeepResearchConfig"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Protocol
 
 from infra.generation import Generation
 
@@ -35,8 +35,35 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-# act(agent, chats) -> one Generation per chat (list of {"role", "content"} messages)
-Act = Callable[[str, list[list[dict]]], list[Generation]]
+@dataclass(frozen=True)
+class ToolCall:
+    """One System-2 tool call's raw output, for System 1 to extract from (MARS)."""
+
+    purpose: str            # why System 2 called the tool: what System 1 should look for
+    documents: list[str]    # the raw outputs (search hits, program output), each packed as one item
+
+
+@dataclass
+class Extraction:
+    """System 1's work on one tool call: its packed bins and one generation per bin."""
+
+    bins: list[str]                 # the packed input text of each bin
+    generations: list[Generation]   # System 1's extraction per bin
+    tokens_in: int                  # raw document tokens packed
+    lower_bound: int                # ceil(tokens_in / bin capacity): no packing uses fewer bins
+
+
+class Act(Protocol):
+    """The team as the pipeline's episodes see it (built per partition by tasks/collect_rollouts.py)."""
+
+    tokenizer: Any
+
+    def __call__(self, agent: str, prompts: list) -> list[Generation]:
+        """One batched generation: one Generation per prompt, a chat (list of {"role", "content"}) or
+        token ids (a context built with infra.generation.continue_chat)."""
+
+    def extract(self, calls: list[ToolCall]) -> list[Extraction]:
+        """System 1 over every call's bin-packed output, in one batched generation (the `extract` stage)."""
 
 
 class Pipeline(Protocol):
@@ -51,3 +78,6 @@ class Pipeline(Protocol):
     def rubric(self, episode: Episode) -> list[tuple[float, str]]: ...
 
     def feedback(self, episode: Episode) -> list[str]: ...
+
+    def system1_chat(self, purpose: str, text: str) -> list[dict]:
+        """System 1's prompt for one packed bin (dual-system pipelines only)."""

@@ -116,6 +116,28 @@ def grpo(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.ndarray]:
     return adv
 
 
+@register("grpo_trajectory")
+def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.ndarray]:
+    """MARS GRPO: A = (R - mean_group(R)) / (std_group(R) + eps) over the group's trajectories (one R
+    per episode, whatever its number of samples), shared by every sample of the trajectory. Call it
+    with every agent's samples at once (TRAJECTORY_ESTIMATORS), so no trajectory is left out."""
+    reward: dict[str, float] = {}
+    members: dict[str, list[str]] = {}
+    for s in samples:
+        if s.episode_id not in reward:
+            reward[s.episode_id] = float(s.score)
+            members.setdefault(s.group_id, []).append(s.episode_id)
+    adv: dict[str, float] = {}
+    for eps_ids in members.values():
+        r = np.array([reward[e] for e in eps_ids])
+        adv |= dict(zip(eps_ids, (r - r.mean()) / (r.std() + eps)))
+    return [np.full(len(s.logprobs), adv[s.episode_id]) for s in samples]
+
+
+# estimators whose samples are whole trajectories' (score = the episode's reward), across all agents
+TRAJECTORY_ESTIMATORS = {"grpo_trajectory"}
+
+
 @register("rloo")
 def rloo(samples: list[Sample], **_) -> list[np.ndarray]:
     """RLOO: A = s - mean of the other G-1 scores of the group (0 for a group of one)."""

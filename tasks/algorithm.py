@@ -12,7 +12,10 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     estimator: str = Field("reinforce_pp", description="advantage estimator from the registry: "
-                           "reinforce_pp | grpo | rloo")
+                           "reinforce_pp | grpo | rloo | grpo_trajectory (MARS: one reward per trajectory)")
+    balance: Literal["advantage", "uniform", "off"] = Field(
+        "advantage", description="MARS balanced sampling: System-1 samples are down- / up-sampled to System 2's "
+        "count, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps each once")
     strategy: Literal["joint", "stale", "teamtr"] = Field(
         "joint", description="how agents are updated within an iteration: `joint` = every agent from the one rollout "
         "set; `stale` = one by one on that cached set; `teamtr` = one by one, each on fresh rollouts (`resample-<i>`) "

@@ -13,6 +13,7 @@ from infra.faults import crash_point
 from infra.generation import EnginesConfig, encode_chat, generate, score_logprobs
 from infra.progress import progress_bar
 from tasks import context
+from tasks.extract import extract
 
 
 class RolloutConfig(BaseModel):
@@ -63,21 +64,9 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     plist = [p for p in problems for _ in range(g)]
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
-    budgets = pipe.cfg.max_new_tokens
-
-    calls = [0]  # an agent may act on several turns: each call gets its own seed
-
     with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
-        def act(agent: str, chats: list[list[dict]]):
-            calls[0] += 1
-            torch.manual_seed(context.stage_seed(seed, "sample", iteration, phase, part, agent, calls[0]))
-            prompts = [encode_chat(tok, c) for c in chats]
-            with policy.acting(agent) as model:
-                out = generate(model, tok, prompts, budgets.get(agent, 64), temperature=cfg.temperature,
-                               greedy=greedy, batch_size=engines.batch_size)
-            advance()
-            return out
-
+        act = _Team(policy, tok, pipe, engines, cfg.temperature, greedy, advance,
+                    lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n))
         episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
         e.metrics["greedy"] = float(greedy)
@@ -107,6 +96,28 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name=part)
     return {"episodes": len(episodes), "success": sum(e.success for e in episodes) / max(1, len(episodes)),
             "tokens": sum(len(a["response_ids"]) for a in actions)}
+
+
+class _Team:
+    """The pipeline's `Act`: batched generation per agent, the tokenizer, and System-1 extraction."""
+
+    def __init__(self, policy, tokenizer, pipe, engines, temperature, greedy, advance, seed_of):
+        self.policy, self.tokenizer, self.pipe, self.engines = policy, tokenizer, pipe, engines
+        self.temperature, self.greedy, self.advance, self.seed_of = temperature, greedy, advance, seed_of
+        self.calls = 0  # an agent may act on several turns: each call gets its own seed
+
+    def __call__(self, agent: str, prompts: list) -> list:
+        self.calls += 1
+        torch.manual_seed(self.seed_of(agent, self.calls))
+        ids = [p if p and isinstance(p[0], int) else encode_chat(self.tokenizer, p) for p in prompts]
+        with self.policy.acting(agent) as model:
+            out = generate(model, self.tokenizer, ids, self.pipe.cfg.max_new_tokens.get(agent, 64),
+                           temperature=self.temperature, greedy=self.greedy, batch_size=self.engines.batch_size)
+        self.advance()
+        return out
+
+    def extract(self, calls: list) -> list:
+        return extract(self.pipe, self, calls, self.pipe.cfg.bin_tokens)
 
 
 def _key(ctx, params) -> str:

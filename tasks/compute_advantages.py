@@ -9,8 +9,9 @@ from prefect import task
 from infra import store
 from infra.faults import crash_point
 from tasks import context
-from tasks.advantages import Sample, blend_score, estimate
+from tasks.advantages import TRAJECTORY_ESTIMATORS, Sample, blend_score, estimate
 from tasks.algorithm import AlgorithmConfig
+from tasks.balanced_sampling import balanced_counts
 
 
 def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
@@ -19,26 +20,44 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     eps = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
     records = df.to_dict("records")
+    trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
+    # REINFORCE++ normalises over one agent's update batch, GRPO / RLOO per group within it; a
+    # trajectory estimator sees every agent's samples at once, scored with the episode's reward.
+    batches = [records] if trajectory else [[r for r in records if r["agent"] == a]
+                                            for a in sorted({r["agent"] for r in records})]
     rows = []
-    for agent in sorted({r["agent"] for r in records}):
-        recs = [r for r in records if r["agent"] == agent]
+    for recs in batches:
         samples = []
         for r in recs:
             coach = r["score"]
             ok = coach is not None and not (isinstance(coach, float) and np.isnan(coach))
-            s = blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None
-            samples.append(Sample(r["episode_id"], group[r["episode_id"]], agent, int(r["turn"]),
+            s = outcome[r["episode_id"]] if trajectory else (
+                blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None)
+            samples.append(Sample(r["episode_id"], group[r["episode_id"]], r["agent"], int(r["turn"]),
                                   np.asarray(r["logprobs"], np.float64), np.asarray(r["ref_logprobs"], np.float64), s))
-        # Normalised over this agent's whole update batch (REINFORCE++), per group (GRPO / RLOO).
         advs = estimate(cfg.estimator, samples, beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
                         return_scope=cfg.return_scope, eps=cfg.whiten_eps)
         for r, smp, a in zip(recs, samples, advs):
             n = len(r["response_ids"])
             rows.append({k: r[k] for k in store.KEYS} | {
-                "iteration": iteration, "phase": phase, "reward": smp.score,
+                "iteration": iteration, "phase": phase, "reward": smp.score, "system": int(r["system"]),
                 "advantages": (a if a is not None else np.zeros(n)).astype(np.float32).tolist(),
                 "loss_mask": [1 if a is not None else 0] * n, "weight": 1 if a is not None else 0})
-    return rows
+    rng = np.random.default_rng(context.stage_seed(context.value(run_dir, "seed"), "balance", iteration, phase))
+    balance_system1(rows, cfg.balance, rng)
+    return [{k: v for k, v in r.items() if k != "system"} for r in rows]
+
+
+def balance_system1(rows: list[dict], mode: str, rng: np.random.Generator) -> None:
+    """MARS: set System-1 rows' `weight` (duplication count) so they number exactly as many as System 2's
+    samples, one per trajectory, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps every one once."""
+    s1 = [r for r in rows if r["system"] == 1 and r["weight"] > 0]
+    if not s1 or mode == "off":
+        return
+    target = len({r["episode_id"] for r in rows if r["system"] == 2 and r["weight"] > 0})
+    mean_abs = [float(np.abs(r["advantages"]).mean()) if r["advantages"] else 0.0 for r in s1]
+    for r, c in zip(s1, balanced_counts(np.array(mean_abs), target, mode, rng)):
+        r["weight"] = int(c)
 
 
 def _key(ctx, params) -> str:

@@ -46,9 +46,9 @@ def value(run_dir: str, name: str):
 
 @lru_cache(maxsize=2)
 def pipeline(run_dir: str):
-    from pipelines import PipelineConfig, build_pipeline
+    from pipelines import build_pipeline, pipeline_config
 
-    return build_pipeline(section(run_dir, "pipeline", PipelineConfig), value(run_dir, "seed"))
+    return build_pipeline(pipeline_config(value(run_dir, "pipeline")), value(run_dir, "seed"))
 
 
 _POLICIES: dict[tuple, object] = {}

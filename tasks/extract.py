@@ -1,20 +1,38 @@
 """DAG stage `extract`: MARS System-1 extraction over bin-packed tool output.
 
-MathChat has no System 1, so the stage passes its partition through unchanged; pipelines with
-System-1 agents plug their batched extraction in here.
+Per System-2 turn, every tool call of every active episode hands its raw documents here. Each call's
+documents are tokenized, cut where longer than a bin, and packed with First Fit Decreasing into bins of
+`capacity` tokens (tasks/binpack.py); then System 1 reads every bin of every call in ONE batched
+generation and writes what serves the call's purpose. It runs inside `collect_rollouts` once per
+turn (System 2's next turn needs the extractions), as its own Prefect task run.
 """
 from __future__ import annotations
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from infra.faults import crash_point
-from tasks import context
+from pipelines.base import Extraction, ToolCall
+from tasks.binpack import lower_bound, pack
 
 
-@task(name="extract")
-def extract(run_dir: str, iteration: int, phase: str, rollout_path: str) -> str:
-    pipe = context.pipeline(run_dir)
-    if any(a.system == 1 for a in pipe.agents):
-        raise NotImplementedError(f"pipeline {pipe.name!r} has System-1 agents but no extraction stage")
+def pack_call(tokenizer, documents: list[str], capacity: int) -> tuple[list[str], int, int]:
+    """(bin texts, tokens in, lower bound): a bin's pieces keep document order, separated by a blank line."""
+    ids = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in documents]
+    sizes = [len(x) for x in ids]
+    texts = ["\n\n".join(tokenizer.decode(ids[i][s:e]) for i, s, e in sorted(b)) for b in pack(sizes, capacity)]
+    return texts, sum(sizes), lower_bound(sizes, capacity)
+
+
+@task(name="extract", cache_policy=NO_CACHE, persist_result=False)
+def extract(pipe, act, calls: list[ToolCall], capacity: int) -> list[Extraction]:
+    """System 1 over the packed bins of `calls`: one Extraction per call, in order."""
+    packed = [pack_call(act.tokenizer, c.documents, capacity) for c in calls]
+    chats = [pipe.system1_chat(c.purpose, t) for c, (texts, _, _) in zip(calls, packed) for t in texts]
+    gens = act("system1", chats) if chats else []
     crash_point("extract")
-    return rollout_path
+    out, i = [], 0
+    for texts, n_in, lb in packed:
+        out.append(Extraction(texts, gens[i:i + len(texts)], n_in, lb))
+        i += len(texts)
+    return out

@@ -20,13 +20,19 @@ from infra.trainer import TrainItem, batch_logprobs, interpolate, train_agent
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.collect_rollouts import RolloutConfig
+from tasks.decoupled import Turn, join_turns
 from tasks.losses import ppo_clip_loss
 from tasks.trust_region import Certificate, certify
 
 
 def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
     df = store.load_actions(run_dir, iteration, phase)
-    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)]
+    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)].sort_values(["episode_id", "turn"])
+    if len(df) and (df["system"] == 2).all():  # MARS System 2: one trajectory sample per episode, observations masked
+        turns = [[Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
+                  for r in g.to_dict("records")] for _, g in df.groupby("episode_id", sort=True)]
+        return [TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask)
+                for t in map(join_turns, turns)]
     items = []
     for r in df.to_dict("records"):
         for _ in range(int(r["weight"])):  # weight = duplication count after balanced sampling

@@ -59,11 +59,11 @@ def test_killed_run_resumes_to_identical_tables(fault, trained_run, tmp_path):
 
 
 def test_killed_at_each_remaining_stage_in_turn(trained_run, tmp_path):
-    """One run killed in iteration 2's extract, then (resumed: the first hit is iteration 2's again) in its
-    coach_evaluate, then in its compute_advantages."""
+    """One run killed in iteration 2's coach_evaluate, then (resumed: the first hit is iteration 2's
+    again) in its compute_advantages."""
     _, ref_dir = trained_run
     args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=c", "--set", "seed=1"]
-    for i, fault in enumerate(["extract:2", "coach_evaluate:1", "compute_advantages:1"]):
+    for i, fault in enumerate(["coach_evaluate:2", "compute_advantages:1"]):
         rc, out = _teamrl(args, tmp_path / f"killed-{i}.log", {"TEAMRL_FAULT": fault})
         assert rc == -signal.SIGKILL, f"{fault} did not fire (rc={rc}):\n{out[-3000:]}"
         args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "c"]

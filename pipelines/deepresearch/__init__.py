@@ -1,0 +1,229 @@
+"""Deep research (MARS): System 2 reasons and calls tools, each call with a purpose; System 1 reads the
+bin-packed tool output and extracts what serves the purpose; System 2 answers a question about a
+fictional corpus exactly (pipelines/deepresearch/corpus.py, BM25 search in search.py).
+
+Turn protocol, per episode, all active episodes batched per turn:
+  System 2 -> `SEARCH: <keywords> PURPOSE: <why>` | `PYTHON: <code> PURPOSE: <why>` | `ANSWER: <answer>`
+  tool -> raw documents -> (System 1 on) the `extract` stage packs and extracts -> System 2's next turn
+System 2's contexts are token sequences extended turn by turn (infra.generation.continue_chat), so its
+turns form one trajectory with the observations in between (masked out of its loss).
+"""
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infra.generation import continue_chat, encode_chat
+from infra.sandbox import SandboxConfig, run_python, use_bwrap
+from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall
+from pipelines.deepresearch import corpus
+from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
+from pipelines.deepresearch.search import SearchIndex
+
+
+class DeepResearchConfig(BaseModel):
+    """The MARS research team, its corpus and its turn budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["deepresearch"] = "deepresearch"
+    questions: int = Field(300, ge=2, description="generated questions (train + held-out)")
+    eval_size: int = Field(50, ge=1, description="held-out questions (the last ones of the question set)")
+    distractors: int = Field(200, ge=0, description="generated documents that no question needs")
+    hops: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], min_length=1,
+                            description="chain lengths of the generated questions, mixed evenly (1..4)")
+    min_tokens: int = Field(50, ge=10, description="shortest generated document (approximate tokens)")
+    max_tokens: int = Field(2000, ge=10, description="longest generated document (approximate tokens)")
+    docs_file: str | None = Field(None, description="your corpus: JSONL {id, title?, text} (with questions_file)")
+    questions_file: str | None = Field(None, description="your questions: JSONL {question, answer, hops?, support?}")
+    system1: bool = Field(True, description="false: the ablation without System 1 (System 2 reads the raw tool "
+                          "output, truncated to context_tokens)")
+    max_turns: int = Field(3, ge=1, le=16, description="System-2 turns per episode; the last one must answer")
+    search_first: bool = Field(True, description="System 2's first reply starts with `SEARCH:` already written "
+                               "(it writes the keywords and purpose): a small zero-RL model rarely finds the format alone")
+    top_k: int = Field(3, ge=1, description="documents per search")
+    bin_tokens: int = Field(384, ge=16, description="System 1's context budget: document tokens per packed bin")
+    context_tokens: int = Field(256, ge=16, description="System 2's budget per observation: the joined "
+                                "extractions, or the raw tool output without System 1, truncated to this")
+    reward: Literal["f1", "em"] = Field("f1", description="trajectory reward: token F1 or exact match")
+    max_new_tokens: dict[str, int] = Field(default_factory=lambda: {"system2": 48, "system1": 64},
+                                           description="response token budget per agent")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the python tool")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.docs_file is None) != (self.questions_file is None):
+            raise ValueError("docs_file and questions_file go together: give both or neither")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens {self.min_tokens} > max_tokens {self.max_tokens}")
+        if bad := [h for h in self.hops if not 1 <= h <= 4]:
+            raise ValueError(f"hops must be within 1..4, got {bad}")
+        return self
+
+
+SYSTEM2 = ("You answer questions about a private document collection. Reply with exactly one line:\n"
+           "SEARCH: <keywords> PURPOSE: <what you need to find>\n"
+           "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
+           "ANSWER: <short answer>\n"
+           "Search before you answer.")
+SYSTEM1 = ("You are System 1. From the documents, copy the facts that serve the purpose, in one or two "
+           "short sentences. Reply NONE if no fact serves it.")
+TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
+PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
+
+
+def parse_turn(text: str) -> tuple[str, str, str]:
+    """(kind, argument, purpose): kind is search | python | answer (the first keyword in the reply)
+    or none; the argument runs to the end of its line or to PURPOSE:, the purpose to the line's end
+    (empty when missing)."""
+    m = TURN_RE.search(text or "")
+    if not m:
+        return "none", "", ""
+    line = text[m.end():].split("\n", 1)[0]
+    arg, *purpose = PURPOSE_RE.split(line, maxsplit=1)
+    return m.group(1).lower(), arg.strip().strip("`"), "".join(purpose).strip()
+
+
+class DeepResearch:
+    name = "deepresearch"
+
+    def __init__(self, cfg: DeepResearchConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+        self.agents = [AgentSpec("system2", "System 2: reasons, calls search / python stating a purpose, answers",
+                                 system=2)]
+        if cfg.system1:
+            self.agents.append(AgentSpec("system1", "System 1: extracts from the packed tool output the facts "
+                                         "that serve System 2's purpose", system=1))
+        use_bwrap(cfg.sandbox)
+
+    @cached_property
+    def _data(self) -> tuple[list[corpus.Document], list[corpus.ResearchProblem], list[corpus.ResearchProblem]]:
+        c = self.cfg
+        if c.docs_file:
+            docs, probs = corpus.load_jsonl(c.docs_file, c.questions_file)
+        else:
+            docs, probs = corpus.generate(self.seed, c.questions, c.distractors, c.min_tokens, c.max_tokens,
+                                          hops=tuple(c.hops))
+        if len(probs) <= c.eval_size:
+            raise ValueError(f"{len(probs)} questions, need more than eval_size={c.eval_size}")
+        train, held_out = corpus.split(probs, c.eval_size)
+        return docs, train, held_out
+
+    @cached_property
+    def index(self) -> SearchIndex:
+        return SearchIndex(self._data[0])
+
+    @cached_property
+    def _support_titles(self) -> dict[str, list[str]]:
+        titles = {d.doc_id: d.title for d in self._data[0]}
+        return {p.task_id: [titles[s] for s in p.support] for p in self._data[1] + self._data[2]}
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}: train | eval")
+        return self._data[1] if split == "train" else self._data[2]
+
+    def system1_chat(self, purpose: str, text: str) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM1}, {"role": "user", "content": f"Purpose: {purpose}\n\n{text}"}]
+
+    def _tool(self, kind: str, arg: str) -> list[str]:
+        if kind == "search":
+            return [f"# {d.title}\n{d.text}" for d in self.index.search(arg, self.cfg.top_k)] or ["(no results)"]
+        return [run_python(arg, self.cfg.sandbox).feedback()]
+
+    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
+                     act: Act) -> list[Episode]:
+        tok, c = act.tokenizer, self.cfg
+        eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
+        lead = "SEARCH:" if c.search_first else ""
+        ctx = [encode_chat(tok, [{"role": "system", "content": SYSTEM2},
+                                 {"role": "user", "content": f"Question: {e.problem.question}"}])
+               + tok(lead, add_special_tokens=False)["input_ids"] for e in eps]
+        for e in eps:
+            e.metrics |= dict.fromkeys(["tool_calls", "purpose_given", "s1_tokens_in", "s1_tokens_out", "s1_bins",
+                                        "s1_bins_lower_bound"], 0.0)
+        active = list(range(len(eps)))
+        for t in range(c.max_turns):
+            last = t == c.max_turns - 1
+            gens = act("system2", [ctx[i] for i in active])
+            turns = {i: (g, *parse_turn((lead if t == 0 else "") + g.text)) for i, g in zip(active, gens)}
+            calls = {i: ToolCall(purpose or arg, self._tool(kind, arg)) for i, (g, kind, arg, purpose) in turns.items()
+                     if kind in ("search", "python") and arg and not last}
+            extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
+            still = []
+            for i, (g, kind, arg, purpose) in turns.items():
+                e = eps[i]
+                s2_turn = len(e.actions)
+                call = calls.get(i)
+                e.actions.append(_action(s2_turn, "system2", 2, g, ctx[i], tool_name=kind if kind != "none" else None,
+                                         tool_input=arg, tool_output="\n\n".join(call.documents) if call else None))
+                if kind == "answer":
+                    e.final_answer = arg
+                    continue
+                if call is None:
+                    note = "Reply with one line: SEARCH: <keywords> PURPOSE: <why>, or ANSWER: <answer>."
+                else:
+                    e.metrics["tool_calls"] += 1
+                    e.metrics["purpose_given"] += float(bool(purpose))
+                    note = f"Findings ({call.purpose}):\n{self._observe(tok, e, s2_turn, call, extractions.get(i))}"
+                if last:
+                    continue
+                if t + 1 == c.max_turns - 1:
+                    note += "\nFinal turn: reply with ANSWER: <answer>."
+                ctx[i] = ctx[i] + g.response_ids + continue_chat(tok, g.response_ids, note)
+                still.append(i)
+            active = still
+            if not active:
+                break
+        for e, x in zip(eps, ctx):
+            gold = e.problem.answer
+            e.metrics |= {"em": exact_match(e.final_answer, gold), "f1": f1(e.final_answer, gold),
+                          "answered": float(bool(e.final_answer)), "s2_context_tokens": float(len(x))}
+            e.success = bool(e.metrics["em"])
+            e.outcome = e.metrics[c.reward]
+        return eps
+
+    def _observe(self, tok, e: Episode, s2_turn: int, call: ToolCall, ex) -> str:
+        """System 2's view of a tool call: System 1's extractions (rows added to the episode), or the raw
+        output truncated to `context_tokens` in the ablation."""
+        if ex is None:
+            text = "\n\n".join(call.documents)
+        else:
+            for text, g in zip(ex.bins, ex.generations):
+                e.actions.append(_action(len(e.actions), "system1", 1, g, g.prompt_ids, tool_name="extract",
+                                         tool_input=call.purpose, tool_output=text, parent_turn=s2_turn))
+            e.metrics["s1_tokens_in"] += ex.tokens_in
+            e.metrics["s1_tokens_out"] += sum(len(g.response_ids) for g in ex.generations)
+            e.metrics["s1_bins"] += len(ex.bins)
+            e.metrics["s1_bins_lower_bound"] += ex.lower_bound
+            text = "\n".join(f"- {g.text.strip()}" for g in ex.generations)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return tok.decode(ids[:self.cfg.context_tokens])
+
+    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
+        return rubric_scores(episode, self._support_titles.get(episode.problem.task_id, []))
+
+    def feedback(self, episode: Episode) -> list[str]:
+        """Environment feedback per action, as the LLM coach sees it (with the ground truth)."""
+        gold, titles = episode.problem.answer, ", ".join(self._support_titles.get(episode.problem.task_id, []))
+        out = []
+        for a in episode.actions:
+            if a["agent"] == "system1":
+                out.append(f"Documents needed: {titles}. Correct answer: {gold}.")
+            elif a["tool_name"] == "answer":
+                out.append(f"Stated answer: {episode.final_answer or '(none)'}. Correct answer: {gold}.")
+            else:
+                got = re.findall(r"^# (.+)$", a["tool_output"] or "", re.M)
+                out.append(f"Retrieved: {', '.join(got) or '(nothing)'}. Documents needed: {titles}. "
+                           f"Correct answer: {gold}.")
+        return out
+
+
+def _action(turn: int, agent: str, system: int, g, prompt_ids: list[int], **tool) -> dict:
+    return {"turn": turn, "agent": agent, "role": agent, "system": system, "prompt_ids": list(prompt_ids),
+            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
+            "tool_name": tool.get("tool_name"), "tool_input": tool.get("tool_input"),
+            "tool_output": tool.get("tool_output"), "parent_turn": tool.get("parent_turn")}

@@ -1,0 +1,144 @@
+"""MARS: turn parsing, chat continuation, decoupled-gradient joins, trajectory GRPO, balanced System-1
+sampling, and the deepresearch pipeline through the real train flow (tiny model)."""
+import numpy as np
+import pytest
+
+from pipelines.deepresearch import DeepResearchConfig, parse_turn
+from pipelines.deepresearch.scoring import exact_match, f1
+from tasks.advantages import Sample, estimate
+from tasks.compute_advantages import balance_system1
+from tasks.decoupled import Turn, join_turns
+
+
+def test_parse_turn():
+    assert parse_turn("SEARCH: Ilsa Quarn company PURPOSE: who she founded\nmore") == \
+        ("search", "Ilsa Quarn company", "who she founded")
+    assert parse_turn("I think ANSWER: Dravenport.") == ("answer", "Dravenport.", "")
+    assert parse_turn("python: print(3*4) purpose: area") == ("python", "print(3*4)", "area")
+    assert parse_turn("SEARCH: only keywords") == ("search", "only keywords", "")
+    assert parse_turn("no idea") == ("none", "", "")
+
+
+def test_answer_scores():
+    assert exact_match("The Dravenport!", "dravenport") == 1.0
+    assert exact_match("", "") == 0.0
+    assert f1("Ilsa Quarn", "Ilsa Marn Quarn") == pytest.approx(2 * 1.0 * (2 / 3) / (1 + 2 / 3))  # P=1, R=2/3
+    assert f1("nothing", "Dravenport") == 0.0
+
+
+def test_config_rejects_half_a_user_corpus():
+    with pytest.raises(ValueError, match="give both or neither"):
+        DeepResearchConfig(docs_file="docs.jsonl")
+    with pytest.raises(ValueError, match="hops"):
+        DeepResearchConfig(hops=[5])
+
+
+def test_continue_chat_keeps_contexts_prefixes_of_each_other():
+    from infra.generation import continue_chat, encode_chat
+    from infra.models import ModelConfig, load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(name="tiny"))
+    p0 = encode_chat(tok, [{"role": "user", "content": "Question: where?"}])
+    reply = tok("SEARCH: x PURPOSE: y<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert reply[-1] == tok.eos_token_id
+    ctx = p0 + reply + continue_chat(tok, reply, "Findings: z")
+    whole = encode_chat(tok, [{"role": "user", "content": "Question: where?"},
+                              {"role": "assistant", "content": "SEARCH: x PURPOSE: y"},
+                              {"role": "user", "content": "Findings: z"}])
+    assert tok.decode(ctx) == tok.decode(whole)  # the same chat as rendering it whole
+    cut = reply[:-1]  # a reply cut off by max_new_tokens gets its end-of-turn token added
+    assert tok.decode(p0 + cut + continue_chat(tok, cut, "Findings: z")) == tok.decode(whole)
+
+
+def test_join_turns_masks_observations():
+    t1 = Turn([1, 2], [3, 4], [-0.1, -0.2], [0.5, 0.5], [1, 1])
+    t2 = Turn([1, 2, 3, 4, 9, 9, 9], [5], [-0.3], [0.5], [1])  # observation 9 9 9 between the turns
+    j = join_turns([t1, t2])
+    assert j.prompt_ids == [1, 2] and j.response_ids == [3, 4, 9, 9, 9, 5]
+    assert j.loss_mask == [1, 1, 0, 0, 0, 1]
+    assert j.logprobs == [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3]
+    assert j.advantages == [0.5, 0.5, 0.0, 0.0, 0.0, 0.5]
+    with pytest.raises(ValueError, match="does not extend"):
+        join_turns([t1, Turn([1, 2, 7], [5], [0.0], [0.0], [1])])
+
+
+def test_grpo_trajectory_counts_each_trajectory_once():
+    # group g: episode a (R=1) has 1 System-2 turn and 3 System-1 bins, episode b (R=0) one turn.
+    # mean 0.5, std 0.5 -> A_a = +1, A_b = -1, whatever the number of samples per episode.
+    def s(ep, agent, r, n=2):
+        return Sample(ep, "g", agent, 0, np.zeros(n), np.zeros(n), r)
+
+    samples = [s("a", "system2", 1.0), s("a", "system1", 1.0), s("a", "system1", 1.0), s("a", "system1", 1.0),
+               s("b", "system2", 0.0)]
+    adv = estimate("grpo_trajectory", samples, eps=0.0)
+    assert [a[0] for a in adv] == [1.0, 1.0, 1.0, 1.0, -1.0]
+    assert all(len(a) == 2 for a in adv)
+
+
+def _row(ep, system, adv):
+    return {"episode_id": ep, "system": system, "advantages": [adv, adv], "weight": 1}
+
+
+def test_balance_system1_matches_system2_count():
+    rng = np.random.default_rng(0)
+    rows = [_row(e, 2, 0.0) for e in "abc"] + [_row(e, 1, a) for e, a in zip("aaabbd", [1, 0, 2, 0, 3, 1])]
+    rows[2]["weight"] = 0  # an episode without an advantage does not count
+    balance_system1(rows, "advantage", rng)
+    s1 = [r["weight"] for r in rows if r["system"] == 1]
+    assert sum(s1) == 2 and max(s1) == 1  # two System-2 trajectories -> two System-1 samples
+    few = [_row("a", 2, 1.0), _row("b", 2, 1.0), _row("c", 2, 1.0), _row("a", 1, 1.0)]
+    balance_system1(few, "advantage", rng)
+    assert few[-1]["weight"] == 3  # up-sampled by duplication
+    off = [_row("a", 2, 1.0), _row("a", 1, 1.0), _row("a", 1, 1.0)]
+    balance_system1(off, "off", rng)
+    assert [r["weight"] for r in off] == [1, 1, 1]
+
+
+def _dr_config(root, *overrides):
+    from flows.config import load_config
+
+    return load_config("deepresearch-tiny", [f"run.dir={root}", "iterations=1", *overrides])
+
+
+@pytest.mark.slow
+def test_deepresearch_flow_trains_both_systems(prefect_harness, tmp_path):
+    """One real iteration: System 2 searches with a purpose, System 1 extracts from FFD bins, both
+    adapters get a GRPO update, System-1 samples are balanced to the number of trajectories."""
+    from flows.report import partition_metrics
+    from flows.train import train
+    from infra import store
+
+    run_dir = train(config=_dr_config(tmp_path, "run.id=mars", "evaluate=false"))
+    acts = store.load_actions(run_dir, 1, "rollout")
+    eps = store.read_table(run_dir, "episodes", 1, "rollout")
+    s1, s2 = acts[acts["system"] == 1], acts[acts["system"] == 2]
+    assert len(s1) and len(s2) and set(acts["agent"]) == {"system1", "system2"}
+    calls = s2[s2["tool_name"] == "search"]
+    assert len(calls) == len(eps)  # search_first: every episode's first turn is a search
+    # every System-1 sample points at its System-2 tool call in the same episode
+    parents = set(zip(calls["episode_id"], calls["turn"]))
+    assert set(zip(s1["episode_id"], s1["parent_turn"])) <= parents
+    assert (s1["tool_input"].str.len() > 0).all()  # the purpose (or the query when none was given)
+    assert s1["weight"].sum() == eps["episode_id"].nunique()  # balanced to System 2's one sample per trajectory
+    m = eps["metrics"].map(dict)
+    assert all(x["s1_bins"] >= x["s1_bins_lower_bound"] >= 1 for x in m)
+    up = store.read_table(run_dir, "updates").set_index("agent")
+    assert set(up.index) == {"system1", "system2"}
+    assert (up["tokens"] > 0).all() and (up["strategy"] == "joint").all()
+    pm = partition_metrics(run_dir, 1, "rollout")
+    assert {"episode/f1", "episode/tool_calls", "system1/compression", "system1/bins_over_lower_bound",
+            "episode/s2_context_tokens"} <= set(pm)
+
+
+@pytest.mark.slow
+def test_deepresearch_without_system1(prefect_harness, tmp_path):
+    """The ablation: one agent, System 2 reads the raw results truncated to its budget."""
+    from flows.train import train
+    from infra import store
+
+    run_dir = train(config=_dr_config(tmp_path, "run.id=nos1", "evaluate=false", "pipeline.system1=false"))
+    acts = store.load_actions(run_dir, 1, "rollout")
+    assert set(acts["agent"]) == {"system2"} and (acts["system"] == 2).all()
+    assert set(store.read_table(run_dir, "updates")["agent"]) == {"system2"}
+    m = store.read_table(run_dir, "episodes", 1, "rollout")["metrics"].map(dict)
+    assert all(x["s1_bins"] == 0 and x["s1_tokens_in"] == 0 for x in m) and any(x["tool_calls"] == 1 for x in m)
