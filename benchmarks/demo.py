@@ -45,6 +45,13 @@ def run_one(preset: str, seed: int, backend: str, runs_dir: Path, extra: list[st
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "extra": extra}
 
 
+def record(out: Path, row: dict) -> None:
+    """Append one result row to the JSONL file `out` and print it."""
+    with out.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="mathchat-smol")
@@ -59,9 +66,7 @@ def main() -> None:
         for seed in args.seeds:
             r = run_one(args.preset, seed, backend, Path(args.runs_dir), [x for kv in args.extra for x in ("--set", kv)])
             rows.append(r)
-            with out.open("a") as fh:
-                fh.write(json.dumps(r) + "\n")
-            print(json.dumps(r), flush=True)
+            record(out, r)
     print("\n| backend | seed | untrained success [95% CI] | trained success [95% CI] | change | wall | peak RSS |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

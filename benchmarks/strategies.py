@@ -11,7 +11,6 @@ resampling cost. Rows go to benchmarks/strategies_results.jsonl; a markdown tabl
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -52,7 +51,7 @@ def curves(run_dir: Path) -> dict:
 
 
 def main() -> None:
-    from benchmarks.demo import run_one
+    from benchmarks.demo import record, run_one
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="mathchat-smol")
@@ -70,9 +69,7 @@ def main() -> None:
         r = run_one(args.preset, args.seed, "rubric", Path(args.runs_dir), [x for kv in sets for x in ("--set", kv)])
         r = {"strategy": name, **r, **curves(Path(args.runs_dir) / r["run_id"])}
         rows.append(r)
-        with out.open("a") as fh:
-            fh.write(json.dumps(r) + "\n")
-        print(json.dumps(r), flush=True)
+        record(out, r)
     print("\n| strategy | held-out curve (iteration: success) | regressions held-out / training | final held-out "
           "[95% CI] | certificate sum | skipped updates | extra episodes | wall |")
     print("|---|---|---|---|---|---|---|---|")
