@@ -53,3 +53,16 @@ def teamtr_run(prefect_harness, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     return root, train(config=tiny_config(root, "run.id=teamtr", *TEAMTR))
+
+
+MARS = ("iterations=1", "evaluate=false")
+
+
+@pytest.fixture(scope="session")
+def mars_run(prefect_harness, tmp_path_factory):
+    """The deepresearch-tiny preset (System 2 + System 1, GRPO over trajectories) for one iteration."""
+    from flows.config import load_config
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("runs")
+    return root, train(config=load_config("deepresearch-tiny", [f"run.dir={root}", "run.id=mars", *MARS]))

@@ -94,21 +94,14 @@ def test_balance_system1_matches_system2_count():
     assert [r["weight"] for r in off] == [1, 1, 1]
 
 
-def _dr_config(root, *overrides):
-    from flows.config import load_config
-
-    return load_config("deepresearch-tiny", [f"run.dir={root}", "iterations=1", *overrides])
-
-
 @pytest.mark.slow
-def test_deepresearch_flow_trains_both_systems(prefect_harness, tmp_path):
+def test_deepresearch_flow_trains_both_systems(mars_run):
     """One real iteration: System 2 searches with a purpose, System 1 extracts from FFD bins, both
     adapters get a GRPO update, System-1 samples are balanced to the number of trajectories."""
     from flows.report import partition_metrics
-    from flows.train import train
     from infra import store
 
-    run_dir = train(config=_dr_config(tmp_path, "run.id=mars", "evaluate=false"))
+    _, run_dir = mars_run
     acts = store.load_actions(run_dir, 1, "rollout")
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
     s1, s2 = acts[acts["system"] == 1], acts[acts["system"] == 2]
@@ -133,10 +126,14 @@ def test_deepresearch_flow_trains_both_systems(prefect_harness, tmp_path):
 @pytest.mark.slow
 def test_deepresearch_without_system1(prefect_harness, tmp_path):
     """The ablation: one agent, System 2 reads the raw results truncated to its budget."""
+    from conftest import MARS
+
+    from flows.config import load_config
     from flows.train import train
     from infra import store
 
-    run_dir = train(config=_dr_config(tmp_path, "run.id=nos1", "evaluate=false", "pipeline.system1=false"))
+    cfg = load_config("deepresearch-tiny", [f"run.dir={tmp_path}", "run.id=nos1", *MARS, "pipeline.system1=false"])
+    run_dir = train(config=cfg)
     acts = store.load_actions(run_dir, 1, "rollout")
     assert set(acts["agent"]) == {"system2"} and (acts["system"] == 2).all()
     assert set(store.read_table(run_dir, "updates")["agent"]) == {"system2"}
