@@ -107,7 +107,7 @@ def test_deepresearch_flow_trains_both_systems(mars_run):
     s1, s2 = acts[acts["system"] == 1], acts[acts["system"] == 2]
     assert len(s1) and len(s2) and set(acts["agent"]) == {"system1", "system2"}
     calls = s2[s2["tool_name"] == "search"]
-    assert len(calls) == len(eps)  # search_first: every episode's first turn is a search
+    assert len(calls) == len(eps)  # scaffold: every episode's first turn is a search
     # every System-1 sample points at its System-2 tool call in the same episode
     parents = set(zip(calls["episode_id"], calls["turn"]))
     assert set(zip(s1["episode_id"], s1["parent_turn"])) <= parents

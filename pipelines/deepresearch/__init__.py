@@ -42,8 +42,9 @@ class DeepResearchConfig(BaseModel):
     system1: bool = Field(True, description="false: the ablation without System 1 (System 2 reads the raw tool "
                           "output, truncated to context_tokens)")
     max_turns: int = Field(3, ge=1, le=16, description="System-2 turns per episode; the last one must answer")
-    search_first: bool = Field(True, description="System 2's first reply starts with `SEARCH:` already written "
-                               "(it writes the keywords and purpose): a small zero-RL model rarely finds the format alone")
+    scaffold: bool = Field(True, description="System 2's first reply starts with `SEARCH:` and its last with "
+                           "`ANSWER:` already written (it writes the rest): a small zero-RL model rarely finds the "
+                           "format alone")
     top_k: int = Field(3, ge=1, description="documents per search")
     bin_tokens: int = Field(384, ge=16, description="System 1's context budget: document tokens per packed bin")
     context_tokens: int = Field(256, ge=16, description="System 2's budget per observation: the joined "
@@ -64,13 +65,15 @@ class DeepResearchConfig(BaseModel):
         return self
 
 
-SYSTEM2 = ("You answer questions about a private document collection. Reply with exactly one line:\n"
-           "SEARCH: <keywords> PURPOSE: <what you need to find>\n"
+SYSTEM2 = ("You answer questions about people, companies, cities and mountains that only a private search "
+           "engine knows. Reply with one line, one of:\n"
+           "SEARCH: <names from the question> PURPOSE: <the fact you need>\n"
            "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
-           "ANSWER: <short answer>\n"
-           "Search before you answer.")
-SYSTEM1 = ("You are System 1. From the documents, copy the facts that serve the purpose, in one or two "
-           "short sentences. Reply NONE if no fact serves it.")
+           "ANSWER: <a name, a city or a year>\n"
+           "Example. Question: Who founded Marlo Works? Reply: SEARCH: Marlo Works PURPOSE: the founder of Marlo "
+           "Works. After the findings, reply: ANSWER: Ada Vell")
+SYSTEM1 = ("You are System 1. Copy from the documents the one sentence that gives the fact named in the "
+           "purpose. Reply NONE if no sentence gives it.")
 TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
 PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
 
@@ -127,7 +130,7 @@ class DeepResearch:
         return self._data[1] if split == "train" else self._data[2]
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM1}, {"role": "user", "content": f"Purpose: {purpose}\n\n{text}"}]
+        return [{"role": "system", "content": SYSTEM1}, {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
 
     def _tool(self, kind: str, arg: str) -> list[str]:
         if kind == "search":
@@ -138,10 +141,9 @@ class DeepResearch:
                      act: Act) -> list[Episode]:
         tok, c = act.tokenizer, self.cfg
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
-        lead = "SEARCH:" if c.search_first else ""
         ctx = [encode_chat(tok, [{"role": "system", "content": SYSTEM2},
                                  {"role": "user", "content": f"Question: {e.problem.question}"}])
-               + tok(lead, add_special_tokens=False)["input_ids"] for e in eps]
+               + self._lead(tok, 0) for e in eps]
         for e in eps:
             e.metrics |= dict.fromkeys(["tool_calls", "purpose_given", "s1_tokens_in", "s1_tokens_out", "s1_bins",
                                         "s1_bins_lower_bound"], 0.0)
@@ -149,7 +151,8 @@ class DeepResearch:
         for t in range(c.max_turns):
             last = t == c.max_turns - 1
             gens = act("system2", [ctx[i] for i in active])
-            turns = {i: (g, *parse_turn((lead if t == 0 else "") + g.text)) for i, g in zip(active, gens)}
+            lead = tok.decode(self._lead(tok, t))
+            turns = {i: (g, *parse_turn(lead + g.text)) for i, g in zip(active, gens)}
             calls = {i: ToolCall(purpose or arg, self._tool(kind, arg)) for i, (g, kind, arg, purpose) in turns.items()
                      if kind in ("search", "python") and arg and not last}
             extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
@@ -173,7 +176,7 @@ class DeepResearch:
                     continue
                 if t + 1 == c.max_turns - 1:
                     note += "\nFinal turn: reply with ANSWER: <answer>."
-                ctx[i] = ctx[i] + g.response_ids + continue_chat(tok, g.response_ids, note)
+                ctx[i] = ctx[i] + g.response_ids + continue_chat(tok, g.response_ids, note) + self._lead(tok, t + 1)
                 still.append(i)
             active = still
             if not active:
@@ -185,6 +188,14 @@ class DeepResearch:
             e.success = bool(e.metrics["em"])
             e.outcome = e.metrics[c.reward]
         return eps
+
+    def _lead(self, tok, turn: int) -> list[int]:
+        """The tokens written for System 2 at the start of turn `turn` (prompt, not trained): with the
+        scaffold, `ANSWER:` on the last turn, else `SEARCH:` on the first."""
+        if not self.cfg.scaffold:
+            return []
+        text = "ANSWER:" if turn == self.cfg.max_turns - 1 else "SEARCH:" if turn == 0 else ""
+        return tok(text, add_special_tokens=False)["input_ids"] if text else []
 
     def _observe(self, tok, e: Episode, s2_turn: int, call: ToolCall, ex) -> str:
         """System 2's view of a tool call: System 1's extractions (rows added to the episode), or the raw
