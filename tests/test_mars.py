@@ -139,3 +139,24 @@ def test_deepresearch_without_system1(prefect_harness, tmp_path):
     assert set(store.read_table(run_dir, "updates")["agent"]) == {"system2"}
     m = store.read_table(run_dir, "episodes", 1, "rollout")["metrics"].map(dict)
     assert all(x["s1_bins"] == 0 and x["s1_tokens_in"] == 0 for x in m) and any(x["tool_calls"] == 1 for x in m)
+
+
+def test_rubric_blames_the_system_that_failed():
+    from pipelines.base import Episode, Problem
+    from pipelines.deepresearch.scoring import rubric_scores
+
+    def act(agent, tool_name, out=None, text=""):
+        return {"agent": agent, "tool_name": tool_name, "tool_output": out, "response_text": text}
+
+    ep = Episode(Problem("t", "Who founded Marlo Works?", "Ada Vell"), "e", "g", actions=[
+        act("system2", "search", out="# Marlo Works\nMarlo Works was founded by Ada Vell."),
+        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="Founded by Ada Vell."),
+        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="A bridge."),
+        act("system1", "extract", out="# Other\nNothing here.", text="NONE"),
+        act("system2", "answer"),
+        act("system2", None),
+    ], final_answer="Ada")
+    scores = [s for s, _ in rubric_scores(ep, ["Marlo Works"])]
+    assert scores == [10.0, 10.0, 0.0, 5.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
+    missed = Episode(ep.problem, "e", "g", actions=[act("system2", "search", out="# Other\nNothing.")])
+    assert rubric_scores(missed, ["Marlo Works"])[0][0] == 2.0
