@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,8 +46,10 @@ class SandboxConfig(BaseModel):
     max_processes: int = Field(64, ge=1, description="process limit (RLIMIT_NPROC) for the sandbox user")
     run_as_uid: int = Field(65534, ge=1, description="uid (and gid) the code runs as when the trainer is root "
                             "(65534 = nobody)")
-    python: str | None = Field(None, description="interpreter for agent code (stdlib only); default: this "
-                               "process's, or the system python3 when the sandbox user cannot run it")
+    python: str | None = Field(None, description="interpreter for agent code; default: this process's, or the "
+                               "system python3 when the sandbox user cannot run it")
+    site_packages: bool = Field(False, description="let agent code import the interpreter's installed packages "
+                                "(numpy, pandas, scikit-learn for data-science teams); off: the standard library only")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -58,7 +62,7 @@ class SandboxResult:
     stderr: str
     returncode: int | None
     timed_out: bool
-    workdir: str  # where the code ran (already removed)
+    workdir: str  # where the code ran (removed afterwards unless run_python was given it)
 
     @property
     def ok(self) -> bool:
@@ -188,24 +192,39 @@ def _read_capped(f, cap: int) -> str:
     return text + ("\n[output truncated]" if len(data) > cap else "")
 
 
-def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
-    """Execute `code` with the interpreter in isolated mode, in a fresh temporary directory."""
+def run_python(code: str, cfg: SandboxConfig | None = None, workdir: str | None = None) -> SandboxResult:
+    """Execute `code` with the interpreter in isolated mode, in a fresh temporary directory, or in
+    `workdir` (kept afterwards, shared by calls: a team's workspace) when given."""
     cfg = cfg or SandboxConfig()
+    with contextlib.ExitStack() as stack:
+        work = workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="teamrl-sbx-"))
+        return _run_in(code, cfg, os.path.abspath(work))
+
+
+def _run_in(code: str, cfg: SandboxConfig, work: str) -> SandboxResult:
     prefix = _bwrap_argv if use_bwrap(cfg) else _no_prefix
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     drop = _drop_to(cfg)
-    with tempfile.TemporaryDirectory(prefix="teamrl-sbx-") as work:
-        if drop:
-            os.chown(work, cfg.run_as_uid, cfg.run_as_uid)
-        env["HOME"] = env["TMPDIR"] = work
-        script = os.path.join(work, "main.py")
-        with open(script, "w") as fh:
-            fh.write(code)
+    if drop:
+        for parent in Path(work).parents:  # the sandbox user must be able to walk down to it
+            st = os.stat(parent)
+            if not st.st_mode & 0o001 and st.st_uid != cfg.run_as_uid:
+                raise ValueError(f"work dir {work}: the sandbox user (uid {cfg.run_as_uid}) cannot enter {parent}; "
+                                 f"create team workspaces under a world-searchable directory such as "
+                                 f"{tempfile.gettempdir()}")
+        os.chown(work, cfg.run_as_uid, cfg.run_as_uid)
+    env["HOME"] = env["TMPDIR"] = work
+    fd, script = tempfile.mkstemp(prefix=".teamrl-code-", suffix=".py", dir=work)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(code)
+    os.chmod(script, 0o644)
+    try:
         # Output goes to unlinked files outside the work dir (bounded by RLIMIT_FSIZE), never to pipes
         # that could fill and block.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            argv = prefix(work) + [interpreter(cfg.python, cfg.run_as_uid), "-I", "-S", script]
+            site = [] if cfg.site_packages else ["-S"]
+            argv = prefix(work) + [interpreter(cfg.python, cfg.run_as_uid), "-I", *site, script]
             proc = subprocess.Popen(_with_limits(cfg, argv), cwd=work, env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True, close_fds=True, **drop)
             timed_out = False
@@ -225,3 +244,6 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
                 timed_out = True
             return SandboxResult(_read_capped(out, cfg.max_output_bytes), _read_capped(err, cfg.max_output_bytes),
                                  rc, timed_out, work)
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # the code may have removed it
+            os.unlink(script)

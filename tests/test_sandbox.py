@@ -5,6 +5,7 @@ cannot run, unless TEAMRL_REQUIRE_BWRAP=1 as in CI) and `rlimits` (resource limi
 hostile snippets are only contained there when the trainer runs as root, see `uncontained`).
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,8 +61,9 @@ def left_running(marker: str) -> list[int]:
 
 def assert_unaffected(mode):
     """A later episode runs normally, in a fresh work dir."""
-    r = run_python("import os\nprint(6 * 7, sorted(os.listdir('.')))", cfg(mode))
-    assert r.ok and r.stdout == "42 ['main.py']\n", r
+    r = run_python("import os, sys\nprint(6 * 7, sorted(set(os.listdir('.')) - {os.path.basename(sys.argv[0])}))",
+                   cfg(mode))
+    assert r.ok and r.stdout == "42 []\n", r  # nothing but the code file itself
 
 
 # ---- ordinary behaviour ---------------------------------------------------------------------------
@@ -101,6 +103,33 @@ def test_fresh_temporary_work_dir(mode):
         assert Path(cwd).parent == Path(tempfile.gettempdir()) and Path(cwd).name.startswith("teamrl-sbx-")
         assert not Path(cwd).exists()  # removed after the call
     assert_unaffected(mode)  # nothing carried over
+
+
+def test_shared_workspace_keeps_files_between_calls(mode):
+    """A team's workspace: the first call reads an input file and writes a result, the second reads it."""
+    work = Path(tempfile.mkdtemp(prefix="teamrl-ws-"))
+    request_cleanup = shutil.rmtree
+    (work / "train.csv").write_text("x\n1\n2\n")
+    first = run_python("rows = open('train.csv').read().split()[1:]\nopen('features.txt', 'w').write(str(len(rows)))",
+                       cfg(mode), workdir=str(work))
+    second = run_python("print(int(open('features.txt').read()) * 10)", cfg(mode), workdir=str(work))
+    assert first.ok and second.ok and second.stdout.strip() == "20"
+    assert sorted(p.name for p in work.iterdir()) == ["features.txt", "train.csv"]  # kept, no code files left
+    request_cleanup(work)
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root trainer drops to another user")
+def test_unreachable_workspace_is_a_clear_error(tmp_path):
+    work = tmp_path / "ws"  # under pytest's private (0700) directory
+    work.mkdir()
+    with pytest.raises(ValueError, match="cannot enter"):
+        run_python("print(1)", SandboxConfig(isolation="rlimits"), workdir=str(work))
+
+
+def test_site_packages_only_when_asked(mode):
+    flag = "import sys\nprint(sys.flags.no_site)"
+    assert run_python(flag, cfg(mode)).stdout.strip() == "1"  # the standard library only
+    assert run_python(flag, cfg(mode, site_packages=True)).stdout.strip() == "0"
 
 
 def test_strict_isolation_unavailable_is_a_clear_error(monkeypatch):

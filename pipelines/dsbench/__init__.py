@@ -1,0 +1,1 @@
+"""DSBench-style data-science team (pipelines/dsbench)."""
