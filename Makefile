@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: install bwrap demo test clean
+.PHONY: install bwrap sandbox-python demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,7 +25,14 @@ bwrap:
 	@command -v bwrap >/dev/null 2>&1 || $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq bubblewrap' \
 	  || echo "warning: could not install bubblewrap; agent code will run with resource limits only"
 
-install: $(VENV)/.installed bwrap
+# DSBench agents' programs import numpy / pandas / scikit-learn; a root trainer runs them as another
+# user with the system python3 (the venv's interpreter may not be readable by that user)
+sandbox-python:
+	@[ "$$(id -u)" != 0 ] || /usr/bin/python3 -c 'import sklearn, pandas' 2>/dev/null \
+	  || $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq python3-pandas python3-sklearn' \
+	  || echo "warning: could not install python3-sklearn; DSBench programs will fail to import scikit-learn"
+
+install: $(VENV)/.installed bwrap sandbox-python
 
 demo: install
 	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)

@@ -19,6 +19,7 @@ from infra import runs, store
 from infra.tracking import Tracker
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
+from tasks.coach_bias import by_task_type, diverging
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 from tasks.compute_advantages import compute_advantages
@@ -110,6 +111,33 @@ def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig
     return m
 
 
+def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, str]) -> dict[str, float]:
+    """`coach_bias/<type>/{coach,metric,diverging}` for iteration k's rollouts; a diverging type also gets
+    a warning in the log and a Prefect markdown artifact."""
+    from prefect.artifacts import create_markdown_artifact
+
+    def table(it):
+        return by_task_type(store.read_table(run_dir, "episodes", it, "rollout"),
+                            store.load_actions(run_dir, it, "rollout"), type_key)
+
+    cur = table(k)
+    prev = table(k - 1) if k > 1 else cur.iloc[0:0]
+    m: dict[str, float] = {}
+    for kind, row in cur.iterrows():
+        name = names.get(kind, str(kind))
+        flag = kind in prev.index and diverging(prev.at[kind, "coach"], row["coach"], prev.at[kind, "metric"],
+                                                row["metric"])
+        m |= {f"coach_bias/{name}/coach": row["coach"], f"coach_bias/{name}/metric": row["metric"],
+              f"coach_bias/{name}/diverging": float(flag)}
+        if flag:
+            msg = (f"iteration {k}, {name} tasks: the coach's mean score rose from {prev.at[kind, 'coach']:.2f} to "
+                   f"{row['coach']:.2f} (of 1) while the metric went from {prev.at[kind, 'metric']:.2f} to "
+                   f"{row['metric']:.2f}: the agents may be exploiting a coach bias")
+            get_run_logger().warning(msg)
+            create_markdown_artifact(f"## Coach-bias warning\n\n{msg}.\n", key=f"coach-bias-{k}-{name}".replace("_", "-"))
+    return m
+
+
 def publish_summary(run_dir: Path, tracker: Tracker) -> None:
     """summary.png + summary.md in the run folder, logged to MLflow and attached to the flow run."""
     from prefect.artifacts import create_markdown_artifact
@@ -159,6 +187,8 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 tracker.log_metrics({f"eval/{k}": v for k, v in evaluate_partition(rd, 0).items()}, step=0)
             for k in range(1, cfg.iterations + 1):
                 m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
+                if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
+                    m |= coach_bias_metrics(rd, k, *types)
                 tracker.log_metrics(m, step=k)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
                             ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))

@@ -7,6 +7,7 @@ from pydantic import Discriminator, Tag, TypeAdapter
 
 from pipelines.base import AgentSpec, Pipeline, Problem
 from pipelines.deepresearch import DeepResearch, DeepResearchConfig
+from pipelines.dsbench import DSBench, DSBenchConfig
 from pipelines.mathchat import MathChat, MathChatConfig
 
 
@@ -16,19 +17,20 @@ def _name(v) -> str:
 
 # one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out)
 PipelineConfig = Annotated[Union[Annotated[MathChatConfig, Tag("mathchat")],
-                                 Annotated[DeepResearchConfig, Tag("deepresearch")]], Discriminator(_name)]
+                                 Annotated[DeepResearchConfig, Tag("deepresearch")],
+                                 Annotated[DSBenchConfig, Tag("dsbench")]], Discriminator(_name)]
 
 
-def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig:
+def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig | DSBenchConfig:
     """Validate a `pipeline:` section into its pipeline's config model."""
     return TypeAdapter(PipelineConfig).validate_python(raw)
 
-PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat, "deepresearch": DeepResearch}
+PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat, "deepresearch": DeepResearch, "dsbench": DSBench}
 
 
-def build_pipeline(cfg: MathChatConfig | DeepResearchConfig, seed: int) -> Pipeline:
+def build_pipeline(cfg: MathChatConfig | DeepResearchConfig | DSBenchConfig, seed: int) -> Pipeline:
     return PIPELINES[cfg.name](cfg, seed)
 
 
 __all__ = ["AgentSpec", "Pipeline", "Problem", "PipelineConfig", "PIPELINES", "build_pipeline", "pipeline_config", "MathChatConfig",
-           "DeepResearchConfig"]
+           "DeepResearchConfig", "DSBenchConfig"]

@@ -1,6 +1,7 @@
 """What every pipeline provides to the DAG: its agents, its problems, an episode runner, a rubric."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,3 +82,16 @@ class Pipeline(Protocol):
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         """System 1's prompt for one packed bin (dual-system pipelines only)."""
+
+
+CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
+
+
+def extract_code(text: str) -> str | None:
+    """The first fenced code block; else the whole reply if it looks like Python; else None."""
+    m = CODE_RE.search(text)
+    if m and m.group(1).strip():
+        return m.group(1).strip()
+    if "print(" in text:
+        return text.strip().strip("`")
+    return None

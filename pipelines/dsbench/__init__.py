@@ -1,1 +1,154 @@
-"""DSBench-style data-science team (pipelines/dsbench)."""
+"""DSBench-style data-science team: Data Engineer -> Modeler -> Analyst on scikit-learn's datasets.
+
+Each episode gets a workspace with train.csv and test.csv (no labels; pipelines/dsbench/data.py). Each
+agent writes a Python program that runs in the sandbox inside that workspace, and the files it leaves
+are the next agent's input:
+  Data Engineer -> features_train.csv, features_test.csv
+  Modeler       -> predictions.csv (id, target)
+  Analyst       -> submission.csv (id, target), scored against the hidden test labels
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.sandbox import SandboxConfig, run_python, use_bwrap
+from pipelines.base import Act, AgentSpec, Episode, Problem, extract_code
+from pipelines.dsbench import data
+from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
+
+
+class DSBenchConfig(BaseModel):
+    """The data-science team and its task sets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["dsbench"] = "dsbench"
+    datasets: list[Literal["diabetes", "breast_cancer", "wine", "iris", "digits"]] = Field(
+        default_factory=lambda: ["diabetes", "breast_cancer", "wine", "iris"], min_length=1,
+        description="scikit-learn datasets the tasks are drawn from, round-robin (each task: its own split)")
+    train_size: int = Field(64, ge=1, description="training tasks (dataset x split seed)")
+    eval_size: int = Field(16, ge=1, description="held-out tasks (split seeds disjoint from training)")
+    max_new_tokens: dict[str, int] = Field(
+        default_factory=lambda: {"data_engineer": 96, "modeler": 128, "analyst": 64},
+        description="response token budget per agent")
+    sandbox: SandboxConfig = Field(
+        default_factory=lambda: SandboxConfig(timeout_s=30, cpu_s=30, memory_mb=2048, site_packages=True),
+        description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
+        "(the sandbox interpreter must have them: `make` installs Debian's python3-sklearn)")
+
+
+ROLES = {
+    "data_engineer": ("You are the Data Engineer. Reply with a short Python program in a ```python block that "
+                      "reads train.csv and test.csv with pandas and writes features_train.csv (features and "
+                      "target) and features_test.csv (id and the same features)."),
+    "modeler": ("You are the Modeler. Reply with a short Python program in a ```python block that reads "
+                "features_train.csv and features_test.csv, fits a scikit-learn model for `target` and writes "
+                "predictions.csv with columns id,target."),
+    "analyst": ("You are the Analyst. Reply with a short Python program in a ```python block that reads "
+                "predictions.csv, checks it has one row per id of test.csv, and writes submission.csv with "
+                "columns id,target."),
+}
+IMPORT_RE = re.compile(r"^\s*(import|from)\s+\w+", re.M)
+
+
+def program(text: str) -> str | None:
+    """The code in a reply: a fenced block, or a reply that starts importing modules."""
+    return extract_code(text) or (text.strip().strip("`") if IMPORT_RE.search(text) else None)
+
+
+class DSBench:
+    name = "dsbench"
+    agents = [
+        AgentSpec("data_engineer", "Data Engineer: writes feature-engineering code that produces the feature files"),
+        AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),
+        AgentSpec("analyst", "Analyst: validates the predictions and writes submission.csv"),
+    ]
+
+    # the coach-bias monitor (flows/train.py) compares coach and metric per task type: metrics["regression"]
+    task_types = ("regression", {1.0: "regression", 0.0: "classification"})
+
+    def __init__(self, cfg: DSBenchConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+        use_bwrap(cfg.sandbox)
+
+    def problems(self, split: str) -> list[Problem]:
+        if split == "train":
+            return data.make_problems(self.cfg.datasets, self.cfg.train_size, self.seed)
+        if split == "eval":
+            return data.make_problems(self.cfg.datasets, self.cfg.eval_size, self.seed, start=self.cfg.train_size)
+        raise ValueError(f"unknown split {split!r}: train | eval")
+
+    def _problem(self, p: Problem) -> data.DSProblem:
+        """The DSProblem behind a Problem (episodes reloaded from the store carry only the base fields)."""
+        if isinstance(p, data.DSProblem):
+            return p
+        dataset, seed = p.task_id.rsplit("-", 1)
+        return data.DSProblem(p.task_id, p.question, p.answer, dataset=dataset, kind=data.DATASETS[dataset][1],
+                              split_seed=int(seed))
+
+    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
+                     act: Act) -> list[Episode]:
+        eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
+        spaces = [Path(tempfile.mkdtemp(prefix="teamrl-ds-")) for _ in eps]
+        try:
+            for e, ws in zip(eps, spaces):
+                data.write_workspace(self._problem(e.problem), ws)
+            notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
+            for turn, agent in enumerate(ROLES):
+                gens = act(agent, [[{"role": "system", "content": ROLES[agent]},
+                                    {"role": "user", "content": self._brief(e, ws, n)}]
+                                   for e, ws, n in zip(eps, spaces, notes)])
+                codes = [program(g.text) for g in gens]
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    runs = list(pool.map(lambda c, ws: run_python(c, self.cfg.sandbox, workdir=str(ws)) if c else None,
+                                         codes, spaces))
+                for i, (e, ws, g, c, r) in enumerate(zip(eps, spaces, gens, codes, runs)):
+                    out = r.feedback() if r else "NO CODE: the reply had no Python program"
+                    made = all((ws / f).exists() for f in HANDOFFS[agent])
+                    notes[i] = f"{agent} program output: {out}\nFiles now: {_files(ws)}"
+                    e.actions.append(_action(turn, agent, g, c, f"{out}\nFiles now: {_files(ws)}"))
+                    e.metrics[f"{agent}_ok"] = float(bool(r and r.ok) and made)
+            for e, ws in zip(eps, spaces):
+                self._score(e, ws)
+        finally:
+            for ws in spaces:
+                shutil.rmtree(ws, ignore_errors=True)
+        return eps
+
+    def _brief(self, e: Episode, ws: Path, note: str) -> str:
+        head = (ws / "train.csv").read_text().splitlines()[0]
+        return f"Task: {e.problem.question}\ntrain.csv columns: {head[:300]}\n{note}".strip()
+
+    def _score(self, e: Episode, ws: Path) -> None:
+        p = self._problem(e.problem)
+        s = data.score_submission(p, ws)
+        e.metrics |= s.metrics | {"submission_ok": float(s.ok), "regression": float(p.kind == "regression"),
+                                  "code_error": float(not all(e.metrics[f"{a}_ok"] for a in ROLES))}
+        e.success = bool(s.metrics.get("success", 0.0))
+        e.outcome = data.outcome(p, s)
+        e.final_answer = s.feedback[:500]
+
+    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
+        return rubric_scores(episode)
+
+    def feedback(self, episode: Episode) -> list[str]:
+        """Environment feedback per action, as the LLM coach sees it: the program's output and the files it
+        left, and at the end the submission's score."""
+        return [f"{a['tool_output']}\nFinal result: {episode.final_answer}" for a in episode.actions]
+
+
+def _files(ws: Path) -> str:
+    return ", ".join(sorted(p.name for p in ws.iterdir() if not p.name.startswith("."))) or "(none)"
+
+
+def _action(turn: int, agent: str, g, code: str | None, output: str) -> dict:
+    return {"turn": turn, "agent": agent, "role": agent, "system": 0, "prompt_ids": g.prompt_ids,
+            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
+            "tool_name": "python", "tool_input": code or "", "tool_output": output, "parent_turn": None}

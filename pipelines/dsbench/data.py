@@ -187,3 +187,16 @@ def score_submission(problem: DSProblem, workdir: Path) -> Score:
     base = accuracy(truth, np.full(len(truth), train[problem.target].mode().iloc[0]))
     return Score(True, f"accuracy {acc:.3f} (majority baseline {base:.3f}), macro F1 {f1:.3f}",
                  {"f1": f1, "accuracy": acc, "baseline_accuracy": base, "success": float(acc > base)})
+
+
+def outcome(problem: DSProblem, s: Score) -> float:
+    """The episode's reward in [0, 1]: the gain over the trivial predictor, 0 for an invalid submission.
+    Regression: 1 - fair_rmse; classification: (accuracy - baseline) / (1 - baseline); clipped to [0, 1]."""
+    if not s.ok:
+        return 0.0
+    if problem.kind == "regression":
+        gain = 1.0 - s.metrics["fair_rmse"]
+    else:
+        base = s.metrics["baseline_accuracy"]
+        gain = (s.metrics["accuracy"] - base) / (1.0 - base) if base < 1 else 0.0
+    return float(min(max(gain, 0.0), 1.0))

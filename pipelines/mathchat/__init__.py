@@ -1,14 +1,13 @@
 """MathChat: Problem Solver -> Code Executor (Python in the sandbox) -> Verifier (final answer)."""
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
-from pipelines.base import Act, AgentSpec, Episode, Problem
+from pipelines.base import Act, AgentSpec, Episode, Problem, extract_code
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
 
@@ -37,19 +36,6 @@ SOLVER = ("You are the Problem Solver. In one or two short sentences, say how to
 EXECUTOR = ("You are the Code Executor. Reply with only a short Python program in a ```python block "
             "that prints the answer.")
 VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
-
-CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
-
-
-def extract_code(text: str) -> str | None:
-    """The first fenced code block; else the whole reply if it looks like Python; else None."""
-    m = CODE_RE.search(text)
-    if m and m.group(1).strip():
-        return m.group(1).strip()
-    if "print(" in text:
-        return text.strip().strip("`")
-    return None
-
 
 class MathChat:
     name = "mathchat"

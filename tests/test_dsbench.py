@@ -1,0 +1,112 @@
+"""DSBench: the team's programs run in a shared sandbox workspace and hand files to each other; the
+submission is scored; the rubric blames the agent whose hand-off was missing; the coach-bias monitor.
+
+The scripted team stands in for the LLM only (fixed programs as its replies): the pipeline, the sandbox,
+scikit-learn and the scorer are the real ones."""
+import pytest
+
+from infra.generation import Generation
+from pipelines.dsbench import DSBench, DSBenchConfig, program
+from pipelines.dsbench.rubric import rubric_scores
+from tasks.coach_bias import diverging
+
+GOOD = {
+    "data_engineer": """```python
+import pandas as pd
+tr, te = pd.read_csv("train.csv"), pd.read_csv("test.csv")
+tr.to_csv("features_train.csv", index=False)
+te.to_csv("features_test.csv", index=False)
+```""",
+    "modeler": """```python
+import pandas as pd
+from sklearn.linear_model import LogisticRegression, Ridge
+tr, te = pd.read_csv("features_train.csv"), pd.read_csv("features_test.csv")
+X = tr.drop(columns=["target"])
+reg = tr["target"].nunique() > 20
+m = (Ridge() if reg else LogisticRegression(max_iter=2000)).fit(X, tr["target"])
+pd.DataFrame({"id": te["id"], "target": m.predict(te[X.columns])}).to_csv("predictions.csv", index=False)
+print("fitted", type(m).__name__)
+```""",
+    "analyst": """```python
+import pandas as pd
+p = pd.read_csv("predictions.csv")
+assert len(p) == len(pd.read_csv("test.csv"))
+p.to_csv("submission.csv", index=False)
+```""",
+}
+
+
+class ScriptedTeam:
+    """An `Act` whose replies are fixed programs per agent."""
+
+    tokenizer = None
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    def __call__(self, agent, prompts):
+        return [Generation([1], [2], [-0.5], self.replies[agent], False) for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return DSBench(DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2), seed=0)
+
+
+def test_program_extraction():
+    assert program("```python\nprint(1)\n```") == "print(1)"
+    assert program("import pandas as pd\npd.read_csv('x')") == "import pandas as pd\npd.read_csv('x')"
+    assert program("I will build features.") is None
+
+
+def test_a_working_team_gets_a_scored_submission(pipe):
+    probs = pipe.problems("train")[:2]  # diabetes (regression), iris (classification)
+    eps = pipe.run_episodes(probs, ["e0", "e1"], ["g0", "g1"], ScriptedTeam(GOOD))
+    reg, cls = eps
+    assert reg.success and cls.success, (reg.final_answer, cls.final_answer)
+    assert 0 < reg.metrics["fair_rmse"] < 1 and reg.metrics["regression"] == 1.0
+    assert cls.metrics["accuracy"] > cls.metrics["baseline_accuracy"] and cls.metrics["regression"] == 0.0
+    assert all(e.metrics[f"{a}_ok"] == 1.0 for e in eps for a in GOOD) and reg.metrics["code_error"] == 0.0
+    assert "fitted" in reg.actions[1]["tool_output"] and "predictions.csv" in reg.actions[1]["tool_output"]
+    scores = [s for s, _ in rubric_scores(reg)]
+    assert scores == [pytest.approx(6 + 4 * reg.outcome)] * 3 and reg.outcome > 0
+
+
+def test_missing_features_file_blames_the_data_engineer(pipe):
+    """The Data Engineer's program runs but writes no features; the Modeler reports the missing file."""
+    broken = GOOD | {"data_engineer": "```python\nimport pandas as pd\nprint(pd.read_csv('train.csv').shape)\n```"}
+    (ep,) = pipe.run_episodes(pipe.problems("train")[:1], ["e"], ["g"], ScriptedTeam(broken))
+    assert not ep.success and ep.metrics["data_engineer_ok"] == 0.0
+    assert "features_train.csv" in ep.actions[1]["tool_output"]  # the Modeler's FileNotFoundError
+    assert "invalid submission.csv" in ep.final_answer
+    (de, _), (mo, why), (an, _) = rubric_scores(ep)
+    assert de == 0.0 and mo == 5.0 and an == 5.0 and "data_engineer" in why
+
+
+def test_failed_modeler_is_blamed_not_the_analyst(pipe):
+    broken = GOOD | {"modeler": "```python\nraise SystemExit('no model')\n```"}
+    (ep,) = pipe.run_episodes(pipe.problems("train")[1:2], ["e"], ["g"], ScriptedTeam(broken))
+    assert [s for s, _ in rubric_scores(ep)] == [pytest.approx(6.0), 0.0, 5.0]  # outcome 0: 6 + 4 * 0
+
+
+def test_coach_bias_divergence():
+    assert diverging(0.5, 0.7, 0.3, 0.3)          # score up 0.2, metric flat
+    assert not diverging(0.5, 0.7, 0.3, 0.4)      # both up
+    assert not diverging(0.5, 0.52, 0.3, 0.1)     # score moved less than tol
+
+
+@pytest.mark.slow
+def test_dsbench_flow_runs_and_monitors_coach_bias(prefect_harness, tmp_path):
+    from flows.config import load_config
+    from flows.train import train
+    from infra import store
+    from tasks.coach_bias import by_task_type
+
+    run_dir = train(config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", "run.id=ds", "iterations=1",
+                                                        "evaluate=false"]))
+    eps = store.read_table(run_dir, "episodes", 1, "rollout")
+    acts = store.load_actions(run_dir, 1, "rollout")
+    assert set(acts["agent"]) == {"data_engineer", "modeler", "analyst"} and (acts["tool_name"] == "python").all()
+    table = by_task_type(eps, acts, "regression")
+    assert set(table.index) == {0.0, 1.0}  # diabetes and iris both played
+    assert set(store.read_table(run_dir, "updates")["agent"]) == {"data_engineer", "modeler", "analyst"}
