@@ -27,10 +27,10 @@ from tasks.trust_region import Certificate, certify
 
 def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
     df = store.load_actions(run_dir, iteration, phase)
-    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)].sort_values(["episode_id", "turn"])
+    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)]
     if len(df) and (df["system"] == 2).all():  # MARS System 2: one trajectory sample per episode, observations masked
         turns = [[Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
-                  for r in g.to_dict("records")] for _, g in df.groupby("episode_id", sort=True)]
+                  for r in g.sort_values("turn").to_dict("records")] for _, g in df.groupby("episode_id", sort=True)]
         return [TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask)
                 for t in map(join_turns, turns)]
     items = []
