@@ -72,8 +72,8 @@ SYSTEM2 = ("You answer questions about people, companies, cities and mountains t
            "ANSWER: <a name, a city or a year>\n"
            "Example. Question: Who founded Marlo Works? Reply: SEARCH: Marlo Works PURPOSE: the founder of Marlo "
            "Works. After the findings, reply: ANSWER: Ada Vell")
-SYSTEM1 = ("You are System 1. Copy from the documents the one sentence that gives the fact named in the "
-           "purpose. Reply NONE if no sentence gives it.")
+SYSTEM1 = ("You are System 1. Find the sentence in the documents that states the fact named in the purpose "
+           "and copy it word for word. Reply NONE if there is no such sentence.")
 TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
 PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
 
