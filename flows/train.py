@@ -1,6 +1,6 @@
 """The train flow: per iteration, collect_rollouts (with MARS's System-1 `extract` per turn) ->
-coach_evaluate -> compute_advantages -> update (one per agent; TeamTR resamples before each later agent's update), with held-out
-evaluation before the first and after the last iteration."""
+coach_evaluate -> compute_advantages -> update (one per agent; TeamTR resamples before each later
+agent's update), with held-out evaluation before the first and after the last iteration."""
 from __future__ import annotations
 
 import base64
@@ -134,7 +134,8 @@ def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, s
                    f"{row['coach']:.2f} (of 1) while the metric went from {prev.at[kind, 'metric']:.2f} to "
                    f"{row['metric']:.2f}: the agents may be exploiting a coach bias")
             get_run_logger().warning(msg)
-            create_markdown_artifact(f"## Coach-bias warning\n\n{msg}.\n", key=f"coach-bias-{k}-{name}".replace("_", "-"))
+            key = f"coach-bias-{k}-{name}".replace("_", "-")  # artifact keys: lowercase letters, digits, dashes
+            create_markdown_artifact(f"## Coach-bias warning\n\n{msg}.\n", key=key)
     return m
 
 

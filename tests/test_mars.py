@@ -150,7 +150,8 @@ def test_rubric_blames_the_system_that_failed():
 
     ep = Episode(Problem("t", "Who founded Marlo Works?", "Ada Vell"), "e", "g", actions=[
         act("system2", "search", out="# Marlo Works\nMarlo Works was founded by Ada Vell."),
-        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="Founded by Ada Vell."),
+        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.",
+            text="Founded by Ada Vell."),
         act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="A bridge."),
         act("system1", "extract", out="# Other\nNothing here.", text="NONE"),
         act("system2", "answer"),

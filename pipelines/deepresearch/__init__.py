@@ -130,7 +130,8 @@ class DeepResearch:
         return self._data[1] if split == "train" else self._data[2]
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM1}, {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
+        return [{"role": "system", "content": SYSTEM1},
+                {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
 
     def _tool(self, kind: str, arg: str) -> list[str]:
         if kind == "search":
