@@ -110,3 +110,34 @@ def test_dsbench_flow_runs_and_monitors_coach_bias(prefect_harness, tmp_path):
     table = by_task_type(eps, acts, "regression")
     assert set(table.index) == {0.0, 1.0}  # diabetes and iris both played
     assert set(store.read_table(run_dir, "updates")["agent"]) == {"data_engineer", "modeler", "analyst"}
+
+
+@pytest.mark.slow
+def test_coach_bias_warning_reaches_metrics_and_a_prefect_artifact(prefect_harness, monkeypatch):
+    """The monitor's wiring in the train flow: iteration 2's regression score rises while its metric
+    does not -> a diverging metric and a markdown artifact; classification moves with its metric."""
+    import pandas as pd
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    import flows.train as tr
+
+    frames = {1: pd.DataFrame({"coach": [0.5, 0.4], "metric": [0.2, 0.3]}, index=[1.0, 0.0]),
+              2: pd.DataFrame({"coach": [0.8, 0.6], "metric": [0.2, 0.5]}, index=[1.0, 0.0])}
+    calls = iter([2, 1])  # coach_bias_metrics reads iteration k, then k - 1
+    monkeypatch.setattr(tr, "by_task_type", lambda *a: frames[next(calls)])
+    monkeypatch.setattr(tr.store, "read_table", lambda *a, **k: None)
+    monkeypatch.setattr(tr.store, "load_actions", lambda *a, **k: None)
+
+    @flow
+    def monitor():
+        return tr.coach_bias_metrics("unused", 2, "regression", {1.0: "regression", 0.0: "classification"})
+
+    m = monitor()
+    assert m["coach_bias/regression/diverging"] == 1.0 and m["coach_bias/classification/diverging"] == 0.0
+    assert m["coach_bias/regression/coach"] == 0.8 and m["coach_bias/classification/metric"] == 0.5
+    with get_client(sync_client=True) as client:
+        wanted = ArtifactFilter(key=ArtifactFilterKey(any_=["coach-bias-2-regression"]))
+        arts = client.read_artifacts(artifact_filter=wanted)
+    assert arts and "exploiting a coach bias" in arts[0].data
