@@ -85,21 +85,13 @@ class DSBench:
             return data.make_problems(self.cfg.datasets, self.cfg.eval_size, self.seed, start=self.cfg.train_size)
         raise ValueError(f"unknown split {split!r}: train | eval")
 
-    def _problem(self, p: Problem) -> data.DSProblem:
-        """The DSProblem behind a Problem (episodes reloaded from the store carry only the base fields)."""
-        if isinstance(p, data.DSProblem):
-            return p
-        dataset, seed = p.task_id.rsplit("-", 1)
-        return data.DSProblem(p.task_id, p.question, p.answer, dataset=dataset, kind=data.DATASETS[dataset][1],
-                              split_seed=int(seed))
-
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]:
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         spaces = [Path(tempfile.mkdtemp(prefix="teamrl-ds-")) for _ in eps]
         try:
             for e, ws in zip(eps, spaces):
-                data.write_workspace(self._problem(e.problem), ws)
+                data.write_workspace(e.problem, ws)
             notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
             for turn, agent in enumerate(ROLES):
                 gens = act(agent, [[{"role": "system", "content": ROLES[agent]},
@@ -127,7 +119,7 @@ class DSBench:
         return f"Task: {e.problem.question}\ntrain.csv columns: {head[:300]}\n{note}".strip()
 
     def _score(self, e: Episode, ws: Path) -> None:
-        p = self._problem(e.problem)
+        p = e.problem
         s = data.score_submission(p, ws)
         e.metrics |= s.metrics | {"submission_ok": float(s.ok), "regression": float(p.kind == "regression"),
                                   "code_error": float(not all(e.metrics[f"{a}_ok"] for a in ROLES))}
