@@ -84,6 +84,17 @@ class Pipeline(Protocol):
         """System 1's prompt for one packed bin (dual-system pipelines only)."""
 
 
+def action_row(turn: int, agent: str, g: Generation, system: int = 0, prompt_ids: list[int] | None = None,
+               tool_name: str | None = None, tool_input: str | None = None, tool_output: str | None = None,
+               parent_turn: int | None = None) -> dict:
+    """One `actions` row of an episode (without the run keys): a generation and the tool call it made.
+    `prompt_ids` defaults to the generation's prompt (a MARS System-2 turn passes its token context)."""
+    return {"turn": turn, "agent": agent, "role": agent, "system": system,
+            "prompt_ids": list(g.prompt_ids if prompt_ids is None else prompt_ids), "response_ids": g.response_ids,
+            "logprobs": g.logprobs, "response_text": g.text, "tool_name": tool_name, "tool_input": tool_input,
+            "tool_output": tool_output, "parent_turn": parent_turn}
+
+
 CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
 
 

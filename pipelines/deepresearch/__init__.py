@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import continue_chat, encode_chat
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
-from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall
+from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
@@ -162,8 +162,9 @@ class DeepResearch:
                 e = eps[i]
                 s2_turn = len(e.actions)
                 call = calls.get(i)
-                e.actions.append(_action(s2_turn, "system2", 2, g, ctx[i], tool_name=kind if kind != "none" else None,
-                                         tool_input=arg, tool_output="\n\n".join(call.documents) if call else None))
+                e.actions.append(action_row(s2_turn, "system2", g, system=2, prompt_ids=ctx[i],
+                                            tool_name=kind if kind != "none" else None, tool_input=arg,
+                                            tool_output="\n\n".join(call.documents) if call else None))
                 if kind == "answer":
                     e.final_answer = arg
                     continue
@@ -205,8 +206,8 @@ class DeepResearch:
             text = "\n\n".join(call.documents)
         else:
             for text, g in zip(ex.bins, ex.generations):
-                e.actions.append(_action(len(e.actions), "system1", 1, g, g.prompt_ids, tool_name="extract",
-                                         tool_input=call.purpose, tool_output=text, parent_turn=s2_turn))
+                e.actions.append(action_row(len(e.actions), "system1", g, system=1, tool_name="extract",
+                                            tool_input=call.purpose, tool_output=text, parent_turn=s2_turn))
             e.metrics["s1_tokens_in"] += ex.tokens_in
             e.metrics["s1_tokens_out"] += sum(len(g.response_ids) for g in ex.generations)
             e.metrics["s1_bins"] += len(ex.bins)
@@ -233,9 +234,3 @@ class DeepResearch:
                            f"Correct answer: {gold}.")
         return out
 
-
-def _action(turn: int, agent: str, system: int, g, prompt_ids: list[int], **tool) -> dict:
-    return {"turn": turn, "agent": agent, "role": agent, "system": system, "prompt_ids": list(prompt_ids),
-            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
-            "tool_name": tool.get("tool_name"), "tool_input": tool.get("tool_input"),
-            "tool_output": tool.get("tool_output"), "parent_turn": tool.get("parent_turn")}

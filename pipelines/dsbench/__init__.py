@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
-from pipelines.base import Act, AgentSpec, Episode, Problem, extract_code
+from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 
@@ -105,7 +105,8 @@ class DSBench:
                     out = r.feedback() if r else "NO CODE: the reply had no Python program"
                     made = all((ws / f).exists() for f in HANDOFFS[agent])
                     notes[i] = f"{agent} program output: {out}\nFiles now: {_files(ws)}"
-                    e.actions.append(_action(turn, agent, g, c, f"{out}\nFiles now: {_files(ws)}"))
+                    e.actions.append(action_row(turn, agent, g, tool_name="python", tool_input=c or "",
+                                                tool_output=f"{out}\nFiles now: {_files(ws)}"))
                     e.metrics[f"{agent}_ok"] = float(bool(r and r.ok) and made)
             for e, ws in zip(eps, spaces):
                 self._score(e, ws)
@@ -139,8 +140,3 @@ class DSBench:
 def _files(ws: Path) -> str:
     return ", ".join(sorted(p.name for p in ws.iterdir() if not p.name.startswith("."))) or "(none)"
 
-
-def _action(turn: int, agent: str, g, code: str | None, output: str) -> dict:
-    return {"turn": turn, "agent": agent, "role": agent, "system": 0, "prompt_ids": g.prompt_ids,
-            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
-            "tool_name": "python", "tool_input": code or "", "tool_output": output, "parent_turn": None}

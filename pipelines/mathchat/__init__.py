@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
-from pipelines.base import Act, AgentSpec, Episode, Problem, extract_code
+from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
 
@@ -71,7 +71,7 @@ class MathChat:
         plans = act("solver", [[{"role": "system", "content": SOLVER},
                                 {"role": "user", "content": f"Problem: {e.problem.question}"}] for e in eps])
         for e, g in zip(eps, plans):
-            e.actions.append(_action(0, "solver", g))
+            e.actions.append(action_row(0, "solver", g))
         # Turn 1: the executor writes code, which runs in the sandbox.
         codes = act("executor", [[{"role": "system", "content": EXECUTOR},
                                   {"role": "user", "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}\n"
@@ -84,14 +84,14 @@ class MathChat:
         for e, g, src, r in zip(eps, codes, sources, runs):
             fb = r.feedback() if r else "NO CODE: the reply had no Python code block"
             outputs.append(fb)
-            e.actions.append(_action(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb))
+            e.actions.append(action_row(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb))
             e.metrics["code_error"] = float(r is None or not r.ok)
         # Turn 2: the verifier states the final answer.
         verdicts = act("verifier", [[{"role": "system", "content": VERIFIER},
                                      {"role": "user", "content": f"Problem: {e.problem.question}\nProgram output: {o}"}]
                                     for e, o in zip(eps, outputs)])
         for e, g in zip(eps, verdicts):
-            e.actions.append(_action(2, "verifier", g))
+            e.actions.append(action_row(2, "verifier", g))
             ans = extract_int(g.text)
             e.final_answer = "" if ans is None else str(ans)
             e.success = ans is not None and str(ans) == e.problem.answer
@@ -112,9 +112,3 @@ class MathChat:
                 f"Program output: {code_out}. Correct answer: {truth}.",
                 f"Stated answer: {episode.final_answer or '(none)'}. Correct answer: {truth}."]
 
-
-def _action(turn: int, agent: str, g, **tool) -> dict:
-    return {"turn": turn, "agent": agent, "role": agent, "system": 0, "prompt_ids": g.prompt_ids,
-            "response_ids": g.response_ids, "logprobs": g.logprobs, "response_text": g.text,
-            "tool_name": tool.get("tool_name"), "tool_input": tool.get("tool_input"),
-            "tool_output": tool.get("tool_output"), "parent_turn": None}
