@@ -6,7 +6,7 @@ scikit-learn and the scorer are the real ones."""
 import pytest
 
 from infra.generation import Generation
-from pipelines.dsbench import DSBench, DSBenchConfig, program
+from pipelines.dsbench import EXAMPLES, MODEL, SCAFFOLD, DSBench, DSBenchConfig, program
 from pipelines.dsbench.rubric import rubric_scores
 from tasks.coach_bias import diverging
 
@@ -39,18 +39,20 @@ p.to_csv("submission.csv", index=False)
 class ScriptedTeam:
     """An `Act` whose replies are fixed programs per agent."""
 
-    tokenizer = None
-
-    def __init__(self, replies):
-        self.replies = replies
+    def __init__(self, replies, tokenizer=None):
+        self.replies, self.tokenizer, self.prompts = replies, tokenizer, []
 
     def __call__(self, agent, prompts):
-        return [Generation([1], [2], [-0.5], self.replies[agent], False) for _ in prompts]
+        self.prompts.append((agent, prompts))
+        reply = self.replies[agent]
+        return [Generation([1], [2], [-0.5], reply(p) if callable(reply) else reply, False) for p in prompts]
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    return DSBench(DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2), seed=0)
+    """Replies are whole programs here: no examples in the prompts, no prefilled reply start."""
+    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold=False)
+    return DSBench(cfg, seed=0)
 
 
 def test_program_extraction():
@@ -70,6 +72,31 @@ def test_a_working_team_gets_a_scored_submission(pipe):
     assert "fitted" in reg.actions[1]["tool_output"] and "predictions.csv" in reg.actions[1]["tool_output"]
     scores = [s for s, _ in rubric_scores(reg)]
     assert scores == [pytest.approx(6 + 4 * reg.outcome)] * 3 and reg.outcome > 0
+
+
+def test_the_example_programs_work_after_the_scaffold():
+    """With `examples` and `scaffold` (the defaults) each agent's prompt is the chat's tokens plus the
+    prefilled start of a code block; a team that continues it with the shown example program (the
+    model class picked per task kind) gets a successful submission on regression and classification."""
+    from infra.models import ModelConfig, load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(name="tiny"))
+    pipe = DSBench(DSBenchConfig(datasets=["diabetes", "iris"], train_size=2, eval_size=1), seed=0)
+
+    def continue_example(agent):
+        def reply(ids):
+            kind = "regression" if "(regression)" in tok.decode(ids) else "classification"
+            return EXAMPLES[agent].format(model=MODEL[kind]).removeprefix("import pandas as pd\n") + "\n```"
+        return reply
+
+    team = ScriptedTeam({a: continue_example(a) for a in EXAMPLES}, tok)
+    eps = pipe.run_episodes(pipe.problems("train"), ["e0", "e1"], ["g0", "g1"], team)
+    assert all(e.success for e in eps), [e.final_answer for e in eps]
+    lead = tok(SCAFFOLD, add_special_tokens=False)["input_ids"]
+    for agent, prompts in team.prompts:
+        for ids in prompts:
+            assert ids[-len(lead):] == lead and "A program that works:" in tok.decode(ids)
+    assert eps[0].actions[1]["tool_input"].startswith("import pandas as pd\nfrom sklearn.ensemble import")
 
 
 def test_missing_features_file_blames_the_data_engineer(pipe):

@@ -18,10 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.generation import encode_chat
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
+
+
+SCAFFOLD = "```python\nimport pandas as pd\n"  # the start of every reply with `scaffold`
 
 
 class DSBenchConfig(BaseModel):
@@ -36,8 +40,12 @@ class DSBenchConfig(BaseModel):
     train_size: int = Field(64, ge=1, description="training tasks (dataset x split seed)")
     eval_size: int = Field(16, ge=1, description="held-out tasks (split seeds disjoint from training)")
     max_new_tokens: dict[str, int] = Field(
-        default_factory=lambda: {"data_engineer": 96, "modeler": 128, "analyst": 64},
+        default_factory=lambda: {"data_engineer": 128, "modeler": 160, "analyst": 96},
         description="response token budget per agent")
+    examples: bool = Field(True, description="show each agent a short working program for its step (a "
+                           "baseline to adapt) in its prompt; off: the role description only")
+    scaffold: bool = Field(True, description="start every reply with a ```python block and `import pandas as pd` (prompt tokens, "
+                           "not trained), so the reply is a program from its first token")
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(timeout_s=30, cpu_s=30, memory_mb=2048, site_packages=True),
         description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
@@ -55,6 +63,29 @@ ROLES = {
                 "predictions.csv, checks it has one row per id of test.csv, and writes submission.csv with "
                 "columns id,target."),
 }
+# a working program per role, shown with `examples`: the team's job is to run it reliably and improve on it
+EXAMPLES = {
+    "data_engineer": """import pandas as pd
+train = pd.read_csv("train.csv")
+test = pd.read_csv("test.csv")
+cols = [c for c in test.columns if c != "id"]
+train[cols + ["target"]].to_csv("features_train.csv", index=False)
+test[["id"] + cols].to_csv("features_test.csv", index=False)""",
+    "modeler": """import pandas as pd
+from sklearn.ensemble import {model}
+train = pd.read_csv("features_train.csv")
+test = pd.read_csv("features_test.csv")
+X = train.drop(columns=["target"])
+model = {model}().fit(X, train["target"])
+out = pd.DataFrame({{"id": test["id"], "target": model.predict(test[X.columns])}})
+out.to_csv("predictions.csv", index=False)""",
+    "analyst": """import pandas as pd
+pred = pd.read_csv("predictions.csv")
+test = pd.read_csv("test.csv")
+assert len(pred) == len(test) and set(pred["id"]) == set(test["id"])
+pred[["id", "target"]].to_csv("submission.csv", index=False)""",
+}
+MODEL = {"regression": "RandomForestRegressor", "classification": "RandomForestClassifier"}
 IMPORT_RE = re.compile(r"^\s*(import|from)\s+\w+", re.M)
 
 
@@ -93,11 +124,12 @@ class DSBench:
             for e, ws in zip(eps, spaces):
                 data.write_workspace(e.problem, ws)
             notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
+            lead = SCAFFOLD if self.cfg.scaffold else ""
             for turn, agent in enumerate(ROLES):
-                gens = act(agent, [[{"role": "system", "content": ROLES[agent]},
-                                    {"role": "user", "content": self._brief(e, ws, n)}]
-                                   for e, ws, n in zip(eps, spaces, notes)])
-                codes = [program(g.text) for g in gens]
+                chats = [[{"role": "system", "content": self._role(agent, e.problem)},
+                          {"role": "user", "content": self._brief(e, ws, n)}] for e, ws, n in zip(eps, spaces, notes)]
+                gens = act(agent, [self._prompt(act.tokenizer, c, lead) for c in chats])
+                codes = [program(lead + g.text) for g in gens]
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     runs = list(pool.map(lambda c, ws: run_python(c, self.cfg.sandbox, workdir=str(ws)) if c else None,
                                          codes, spaces))
@@ -114,6 +146,19 @@ class DSBench:
             for ws in spaces:
                 shutil.rmtree(ws, ignore_errors=True)
         return eps
+
+    def _role(self, agent: str, problem: data.DSProblem) -> str:
+        if not self.cfg.examples:
+            return ROLES[agent]
+        example = EXAMPLES[agent].format(model=MODEL[problem.kind])
+        return f"{ROLES[agent]}\nA program that works:\n```python\n{example}\n```"
+
+    @staticmethod
+    def _prompt(tokenizer, chat: list[dict], lead: str) -> list:
+        """The chat itself, or with the scaffold its tokens followed by the reply's prefilled start."""
+        if not lead:
+            return chat
+        return encode_chat(tokenizer, chat) + tokenizer(lead, add_special_tokens=False)["input_ids"]
 
     def _brief(self, e: Episode, ws: Path, note: str) -> str:
         head = (ws / "train.csv").read_text().splitlines()[0]
