@@ -6,7 +6,7 @@ scikit-learn and the scorer are the real ones."""
 import pytest
 
 from infra.generation import Generation
-from pipelines.dsbench import EXAMPLES, MODEL, SCAFFOLD, DSBench, DSBenchConfig, program
+from pipelines.dsbench import EXAMPLES, HEAD_LINES, MODEL, DSBench, DSBenchConfig, program
 from pipelines.dsbench.rubric import rubric_scores
 from tasks.coach_bias import diverging
 
@@ -51,7 +51,7 @@ class ScriptedTeam:
 @pytest.fixture(scope="module")
 def pipe():
     """Replies are whole programs here: no examples in the prompts, no prefilled reply start."""
-    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold=False)
+    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold="none")
     return DSBench(cfg, seed=0)
 
 
@@ -75,28 +75,31 @@ def test_a_working_team_gets_a_scored_submission(pipe):
 
 
 def test_the_example_programs_work_after_the_scaffold():
-    """With `examples` and `scaffold` (the defaults) each agent's prompt is the chat's tokens plus the
-    prefilled start of a code block; a team that continues it with the shown example program (the
-    model class picked per task kind) gets a successful submission on regression and classification."""
+    """With `examples` and `scaffold=head` (the defaults) each agent's prompt is the chat's tokens plus the
+    prefilled opening of the example program; a team that writes the rest of it (the model class picked
+    per task kind) gets a successful submission on regression and classification."""
     from infra.models import ModelConfig, load_tokenizer
 
     tok = load_tokenizer(ModelConfig(name="tiny"))
     pipe = DSBench(DSBenchConfig(datasets=["diabetes", "iris"], train_size=2, eval_size=1), seed=0)
 
-    def continue_example(agent):
+    def finish_example(agent):
         def reply(ids):
             kind = "regression" if "(regression)" in tok.decode(ids) else "classification"
-            return EXAMPLES[agent].format(model=MODEL[kind]).removeprefix("import pandas as pd\n") + "\n```"
+            return "\n".join(EXAMPLES[agent].format(model=MODEL[kind]).splitlines()[HEAD_LINES[agent]:]) + "\n```"
         return reply
 
-    team = ScriptedTeam({a: continue_example(a) for a in EXAMPLES}, tok)
-    eps = pipe.run_episodes(pipe.problems("train"), ["e0", "e1"], ["g0", "g1"], team)
+    team = ScriptedTeam({a: finish_example(a) for a in EXAMPLES}, tok)
+    probs = pipe.problems("train")
+    eps = pipe.run_episodes(probs, ["e0", "e1"], ["g0", "g1"], team)
     assert all(e.success for e in eps), [e.final_answer for e in eps]
-    lead = tok(SCAFFOLD, add_special_tokens=False)["input_ids"]
     for agent, prompts in team.prompts:
-        for ids in prompts:
-            assert ids[-len(lead):] == lead and "A program that works:" in tok.decode(ids)
-    assert eps[0].actions[1]["tool_input"].startswith("import pandas as pd\nfrom sklearn.ensemble import")
+        for p, ids in zip(probs, prompts):
+            text = tok.decode(ids)
+            assert text.endswith(pipe._lead(agent, p)) and "A program that works:" in text
+    assert eps[0].actions[1]["tool_input"].startswith("import pandas as pd\nfrom sklearn.ensemble import "
+                                                      "RandomForestRegressor")
+    assert "RandomForestClassifier" in eps[1].actions[1]["tool_input"]
 
 
 def test_missing_features_file_blames_the_data_engineer(pipe):

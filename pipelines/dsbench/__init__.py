@@ -25,7 +25,7 @@ from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 
 
-SCAFFOLD = "```python\nimport pandas as pd\n"  # the start of every reply with `scaffold`
+FENCE = "```python\n"
 
 
 class DSBenchConfig(BaseModel):
@@ -44,8 +44,10 @@ class DSBenchConfig(BaseModel):
         description="response token budget per agent")
     examples: bool = Field(True, description="show each agent a short working program for its step (a "
                            "baseline to adapt) in its prompt; off: the role description only")
-    scaffold: bool = Field(True, description="start every reply with a ```python block and `import pandas as pd` (prompt tokens, "
-                           "not trained), so the reply is a program from its first token")
+    scaffold: Literal["none", "fence", "head"] = Field(
+        "head", description="what each reply starts with (prompt tokens, not trained): none; fence: a ```python "
+        "block; head: the block and the example program's opening lines (reading the inputs), so the agent "
+        "writes the step itself (HEAD_LINES)")
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(timeout_s=30, cpu_s=30, memory_mb=2048, site_packages=True),
         description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
@@ -85,6 +87,7 @@ test = pd.read_csv("test.csv")
 assert len(pred) == len(test) and set(pred["id"]) == set(test["id"])
 pred[["id", "target"]].to_csv("submission.csv", index=False)""",
 }
+HEAD_LINES = {"data_engineer": 3, "modeler": 5, "analyst": 3}  # lines of EXAMPLES prefilled with scaffold=head
 MODEL = {"regression": "RandomForestRegressor", "classification": "RandomForestClassifier"}
 IMPORT_RE = re.compile(r"^\s*(import|from)\s+\w+", re.M)
 
@@ -124,12 +127,12 @@ class DSBench:
             for e, ws in zip(eps, spaces):
                 data.write_workspace(e.problem, ws)
             notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
-            lead = SCAFFOLD if self.cfg.scaffold else ""
             for turn, agent in enumerate(ROLES):
                 chats = [[{"role": "system", "content": self._role(agent, e.problem)},
                           {"role": "user", "content": self._brief(e, ws, n)}] for e, ws, n in zip(eps, spaces, notes)]
-                gens = act(agent, [self._prompt(act.tokenizer, c, lead) for c in chats])
-                codes = [program(lead + g.text) for g in gens]
+                leads = [self._lead(agent, e.problem) for e in eps]
+                gens = act(agent, [self._prompt(act.tokenizer, c, lead) for c, lead in zip(chats, leads)])
+                codes = [program(lead + g.text) for g, lead in zip(gens, leads)]
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     runs = list(pool.map(lambda c, ws: run_python(c, self.cfg.sandbox, workdir=str(ws)) if c else None,
                                          codes, spaces))
@@ -152,6 +155,15 @@ class DSBench:
             return ROLES[agent]
         example = EXAMPLES[agent].format(model=MODEL[problem.kind])
         return f"{ROLES[agent]}\nA program that works:\n```python\n{example}\n```"
+
+    def _lead(self, agent: str, problem: data.DSProblem) -> str:
+        """The reply's prefilled start (see `scaffold`)."""
+        if self.cfg.scaffold == "none":
+            return ""
+        if self.cfg.scaffold == "fence":
+            return FENCE
+        head = EXAMPLES[agent].format(model=MODEL[problem.kind]).splitlines()[:HEAD_LINES[agent]]
+        return FENCE + "\n".join(head) + "\n"
 
     @staticmethod
     def _prompt(tokenizer, chat: list[dict], lead: str) -> list:
