@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: install bwrap sandbox-python demo test clean
+.PHONY: install bwrap sandbox-python browser demo test server server-stop clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,13 +32,26 @@ sandbox-python:
 	  || $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq python3-pandas python3-sklearn' \
 	  || echo "warning: could not install python3-sklearn; DSBench programs will fail to import scikit-learn"
 
+# the browser test (tests/test_browser.py) drives Debian's headless Chromium through the Prefect and MLflow UIs
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 \
+	  || $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq chromium chromium-driver' \
+	  || echo "warning: could not install chromium; the browser test will be skipped"
+
 install: $(VENV)/.installed bwrap sandbox-python
 
 demo: install
 	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)
 
-test: install
+test: install browser
 	TEAMRL_PROGRESS=0 $(PY) -m pytest -q
+
+# Prefect server + work pool + deployments + worker, and the MLflow UI, on 127.0.0.1 (infra/server.sh)
+server: install
+	infra/server.sh start
+
+server-stop:
+	infra/server.sh stop
 
 clean:
 	rm -rf runs .pytest_cache

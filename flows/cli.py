@@ -96,17 +96,30 @@ def _before_after(run_dir: Path) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    run_id: str = typer.Argument(..., help="run id (or run folder)"),
+    run_id: Optional[str] = typer.Argument(None, help="run id (or run folder); with --model: the team the models "
+                                           "join (default: the run that registered the first one)"),
     iteration: Optional[int] = typer.Option(None, help="policy iteration to evaluate (default: the latest)"),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
+    model: Optional[list[str]] = typer.Option(None, "--model", help="an agent from the MLflow registry, e.g. "
+                                              "models:/mathchat-smol-solver@best (repeat for more agents)"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)"),
 ):
-    """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval."""
-    from flows.evaluate import evaluate
+    """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval; with --model, the
+    team with registered agents in place of the run's own (played in a new run folder `eval-...`)."""
+    from flows.evaluate import evaluate, registered_team
     from infra import runs, store
+    from infra.tracking import default_tracking_uri
 
+    if not run_id and not model:
+        _fail("give a RUN_ID, or --model models:/<name>@<alias> (see `teamrl runs list`)")
     try:
-        run_dir = runs.find_run(runs_dir, run_id)
-    except FileNotFoundError as e:
+        if model:
+            run_dir = registered_team(runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id)
+            iteration = 0
+            console.print(f"team with {', '.join(model)}: {run_dir}")
+        else:
+            run_dir = runs.find_run(runs_dir, run_id)
+    except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if iteration is None:
         up = store.read_table(run_dir, "updates") if (run_dir / "updates").is_dir() else None
@@ -198,8 +211,17 @@ def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding
 
 
 @runs_app.command("show")
-def runs_show(run_id: str = typer.Argument(...), runs_dir: str = typer.Option("runs", "--dir")):
-    """Per-iteration table of a run: success, coach score and loss per agent."""
+def runs_show(
+    run_id: str = typer.Argument(...),
+    runs_dir: str = typer.Option("runs", "--dir"),
+    episode: Optional[str] = typer.Option(None, "--episode", "-e", help="print this episode as a transcript"),
+    iteration: Optional[int] = typer.Option(None, help="with --episode: its iteration (default: the latest "
+                                            "holding the id; ids repeat across iterations)"),
+    phase: Optional[str] = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
+    max_chars: int = typer.Option(1500, "--max-chars", help="with --episode: cut longer texts (0: never)"),
+):
+    """Per-iteration table of a run: success, coach score and loss per agent; with --episode, one episode
+    turn by turn (responses, tool calls, coach scores and rationales, final answer)."""
     from flows.report import run_table
     from infra import runs
 
@@ -207,7 +229,57 @@ def runs_show(run_id: str = typer.Argument(...), runs_dir: str = typer.Option("r
         run_dir = runs.find_run(runs_dir, run_id)
     except FileNotFoundError as e:
         _fail(str(e))
+    if episode is not None:
+        from flows.inspection import transcript
+
+        try:
+            text = transcript(run_dir, episode, iteration, phase, max_chars=max_chars or None)
+        except ValueError as e:
+            _fail(str(e))
+        console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        return
     _show_table(run_table(run_dir), run_dir.name)
+    _episode_hint(run_id, runs_dir, run_dir)
+
+
+def _episode_hint(run_id: str, runs_dir: str, run_dir: Path) -> None:
+    """How to print one episode, with ids from the run's latest iteration."""
+    from infra import store
+
+    eps = store.load_episodes(run_dir)
+    if not len(eps):
+        return
+    last = eps[eps["iteration"] == eps["iteration"].max()]
+    examples = last.groupby("phase", sort=True)["episode_id"].min().head(2)
+    it = int(last["iteration"].iloc[0])
+    dir_opt = "" if runs_dir == "runs" else f" --dir {runs_dir}"
+    console.print(f"one episode as a transcript: teamrl runs show {run_id}{dir_opt} --episode ID [--iteration K]; "
+                  f"e.g. at iteration {it}: {', '.join(examples)}", markup=False, highlight=False)
+
+
+@runs_app.command("export")
+def runs_export(
+    run_id: str = typer.Argument(..., help="run id (or run folder)"),
+    fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl (one JSON object per action) or csv"),
+    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: <run folder>/export/"
+                                       "<run_id>.<format>)"),
+    runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
+    tokens: bool = typer.Option(False, "--tokens", help="keep the per-token columns (ids, log-probs, advantages)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing file"),
+):
+    """Export a run as one flat table, one row per action: the action, its coach score and rationale,
+    and its episode's question, answer, final answer, outcome and success."""
+    from flows.inspection import FORMATS, export
+    from infra import runs
+
+    if fmt.lower() not in FORMATS:
+        _fail(f"unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    try:
+        run_dir = runs.find_run(runs_dir, run_id)
+        path, rows = export(run_dir, fmt, out, overwrite=overwrite, tokens=tokens)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"exported {rows} actions to {path}", markup=False, highlight=False)
 
 
 def main():  # pragma: no cover

@@ -25,14 +25,17 @@ class RunSettings(BaseModel):
 
     dir: str = Field("runs", description="folder holding one sub-folder per run (and the MLflow database)")
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
-                           description="run id (default: <preset>-<timestamp>-<random>)")
+                           description="run id (default: `<preset>-<timestamp>-<random>`)")
     experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
-    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: `sqlite:///<dir>/mlflow.db`)")
     mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
+    registry: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$",
+                                 description="register each agent's final checkpoint as MLflow model "
+                                 "`<registry>-<agent>` with alias `best` (default: the preset name)")
 
 
 class RunConfig(BaseModel):
-    """Everything a training run needs; the resolved copy is saved as runs/<run_id>/config.yaml."""
+    """Everything a training run needs; the resolved copy is saved as `runs/<run_id>/config.yaml`."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -79,6 +79,12 @@ def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
     return m
 
 
+def agent_table(m: dict[str, float], agents: list[str]) -> list[dict]:
+    """One row per agent from an iteration's metrics: every `<metric>/<agent>` key as column `<metric>`."""
+    return [{"agent": a, **{k.rsplit("/", 1)[0]: round(v, 4) for k, v in m.items() if k.endswith(f"/{a}")}}
+            for a in agents]
+
+
 def run_table(run_dir: str | Path) -> pd.DataFrame:
     """One row per (iteration, phase): success, per-agent coach score and loss."""
     rows = []

@@ -4,6 +4,7 @@ agent's update), with held-out evaluation before the first and after the last it
 from __future__ import annotations
 
 import base64
+import re
 import time
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from prefect.runtime import flow_run
 
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
-from flows.report import partition_metrics, plot_run, summary_markdown, update_metrics
+from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
 from infra import runs, store
+from infra.policy import latest_version
 from infra.tracking import Tracker
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
@@ -81,8 +83,9 @@ def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], 
     timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
 
 
+@flow(name="iteration", flow_run_name="iteration-{k}")
 def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
-    """One iteration of the DAG; returns its metrics (stage seconds included)."""
+    """One iteration of the DAG (a sub-flow run `iteration-<k>`); returns its metrics (stage seconds included)."""
     seconds: dict[str, float] = {}
     versions = store.agent_versions(run_dir, agents, k - 1)
     score_partition(run_dir, k, "rollout", versions, seconds)
@@ -139,6 +142,36 @@ def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, s
     return m
 
 
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes only, at most 100 characters)."""
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")[:100]
+
+
+def publish_iteration(run_dir: Path, k: int, m: dict[str, float], agents: list[str]) -> None:
+    """Iteration k's per-agent metrics as a Prefect table artifact (one version per iteration)."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(agent_table(m, agents), key=artifact_key(run_dir.name, "agents"),
+                          description=f"iteration {k}: success {m.get('success_rate', float('nan')):.3f}; "
+                          "per-agent coach score, reward, loss, KL, certificate")
+
+
+def publish_registry(cfg: RunConfig, run_dir: Path, tracker: Tracker, agents: list[str], final: dict) -> None:
+    """Register every agent's final checkpoint in MLflow (`best` follows held-out success), then link the
+    MLflow run from the Prefect flow run."""
+    from prefect.artifacts import create_link_artifact
+
+    versions = {a: latest_version(run_dir, a) for a in agents}
+    tags = {"teamrl.run_id": run_dir.name, "teamrl.pipeline": cfg.pipeline.name, "teamrl.model": cfg.model.name,
+            "teamrl.weights": cfg.model.weights, "teamrl.iteration": str(cfg.iterations)}
+    for r in tracker.register(cfg.run.registry or cfg.preset, versions, tags, final.get("success_rate")):
+        get_run_logger().info("registered models:/%s/%s%s", r.name, r.version, " (now @best)" if r.best else "")
+    if tracker.enabled:
+        create_link_artifact(tracker.ui_link(), link_text=f"MLflow run {tracker.run_id}",
+                             key=artifact_key(run_dir.name, "mlflow"),
+                             description="metrics, parameters, checkpoints and the summary plot of this run")
+
+
 def publish_summary(run_dir: Path, tracker: Tracker) -> None:
     """summary.png + summary.md in the run folder, logged to MLflow and attached to the flow run."""
     from prefect.artifacts import create_markdown_artifact
@@ -149,16 +182,26 @@ def publish_summary(run_dir: Path, tracker: Tracker) -> None:
     tracker.log_artifact(png, "summary")
     tracker.log_artifact(run_dir / "summary.md", "summary")
     b64 = base64.b64encode(png.read_bytes()).decode()
-    create_markdown_artifact(key=f"summary-{run_dir.name.lower().replace('_', '-').replace('.', '-')}"[:100],
+    create_markdown_artifact(key=artifact_key("summary", run_dir.name),
                              markdown=md + f"\n\n![summary](data:image/png;base64,{b64})\n\nPlot file: `{png}`",
                              description="held-out success before/after training and coach score per agent")
 
 
 def _flow_run_name() -> str:
-    """train-<pipeline>-<run id> (the resumed run's id, the configured one, or `new`)."""
+    """train-<pipeline>-<run id> (the resumed run's id, the configured one, or `new` until it is created)."""
     p = flow_run.parameters
     cfg = p["config"] if isinstance(p["config"], RunConfig) else RunConfig.model_validate(p["config"])
     return f"train-{cfg.pipeline.name}-{p.get('resume') or cfg.run.id or 'new'}"
+
+
+def _name_flow_run(pipeline: str, run_dir: Path) -> None:
+    """Rename this flow run `train-<pipeline>-<run id>` once a generated run id is known."""
+    from prefect.client.orchestration import get_client
+
+    name = f"train-{pipeline}-{run_dir.name}"
+    if flow_run.id and flow_run.name != name:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name)
 
 
 @flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
@@ -167,6 +210,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
     `iterations` with `resume`: train the run on to this many iterations (never fewer than saved)."""
     logger = get_run_logger()
     run_dir, reopened = prepare_run(config, resume)
+    _name_flow_run(config.pipeline.name, run_dir)
     with runs.run_lock(run_dir):
         if reopened and iterations is not None:
             runs.extend_run(run_dir, iterations)
@@ -184,18 +228,23 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
         tracker = Tracker(run_dir, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri,
                           cfg.model_dump(mode="json"), enabled=cfg.run.mlflow)
         try:
+            final: dict[str, float] = {}  # the latest held-out metrics
             if cfg.evaluate:
-                tracker.log_metrics({f"eval/{k}": v for k, v in evaluate_partition(rd, 0).items()}, step=0)
+                final = evaluate_partition(rd, 0)
+                tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
             for k in range(1, cfg.iterations + 1):
                 m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
                 if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
                     m |= coach_bias_metrics(rd, k, *types)
                 tracker.log_metrics(m, step=k)
+                publish_iteration(run_dir, k, m, agents)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
                             ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
-                    tracker.log_metrics({f"eval/{n}": v for n, v in evaluate_partition(rd, k).items()}, step=k)
+                    final = evaluate_partition(rd, k)
+                    tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)
             tracker.log_artifacts(run_dir / "checkpoints", "checkpoints")
+            publish_registry(cfg, run_dir, tracker, agents, final)
             publish_summary(run_dir, tracker)
         except BaseException:
             tracker.finish("FAILED")

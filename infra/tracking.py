@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class Tracker:
         self.uri = tracking_uri or default_tracking_uri(root)
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(
+        self.experiment_id = exp_id = exp.experiment_id if exp else self.client.create_experiment(
             experiment, artifact_location=(Path(root).resolve() / "mlartifacts").as_uri())
         id_file = self.run_dir / "mlflow_run_id"
         if id_file.exists() and self._known(id_file.read_text().strip()):
@@ -78,6 +79,20 @@ class Tracker:
     def log_artifact(self, local_file: str | Path, artifact_path: str) -> None:
         if self.enabled:
             self.client.log_artifact(self.run_id, str(local_file), artifact_path)
+
+    def ui_link(self) -> str:
+        """This run's page in the MLflow UI (`make server` serves it; TEAMRL_MLFLOW_UI moves it)."""
+        ui = os.environ.get("TEAMRL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
+        return f"{ui}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+
+    def register(self, prefix: str, versions: dict[str, int], tags: dict[str, str], success: float | None) -> list:
+        """Each agent's checkpoint as a version of registered model <prefix>-<agent> (infra/registry.py)."""
+        if not self.enabled:
+            return []
+        from infra.registry import register_agents
+
+        return register_agents(self.client, self.run_id, prefix, versions, tags | {"teamrl.run_dir": str(self.run_dir)},
+                               success)
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:

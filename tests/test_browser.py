@@ -1,0 +1,147 @@
+"""The path a Prefect + MLflow user takes, in a real headless Chromium (Debian's chromium and
+chromium-driver, driven by selenium): `infra/server.sh start` (what `make server` runs), open the Prefect
+UI, find the train/tiny deployment, start a run from its form with parameters changed, wait until the UI
+shows it Completed, take a screenshot; then find that run's metrics and registered agents in the MLflow UI.
+
+Skipped when Chromium is not installed (`make browser` installs it), unless TEAMRL_REQUIRE_BROWSER=1
+(CI), which turns the skip into a failure."""
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.slow
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("TEAMRL_REQUIRE_BROWSER") == "1":
+        pytest.fail("TEAMRL_REQUIRE_BROWSER=1 but chromium / chromedriver are not installed (make browser)",
+                    pytrace=False)
+    pytest.skip("chromium and chromium-driver are not installed (make browser)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Prefect server + work pool + deployments + worker + MLflow UI, on free ports, state in a temp dir."""
+    state, runs = tmp_path_factory.mktemp("server"), tmp_path_factory.mktemp("runs")
+    env = os.environ | {"SERVER_STATE": str(state), "RUNS": str(runs), "PREFECT_PORT": str(_free_port()),
+                        "MLFLOW_PORT": str(_free_port())}
+    env.pop("PREFECT_API_URL", None)
+    script = str(ROOT / "infra" / "server.sh")
+    try:
+        subprocess.run([script, "start"], env=env, check=True, timeout=600)
+        yield {"prefect": f"http://127.0.0.1:{env['PREFECT_PORT']}", "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
+               "runs": runs, "state": state}
+    finally:
+        subprocess.run([script, "stop"], env=env, timeout=120)
+    for name in ("prefect-server", "prefect-worker", "mlflow-ui"):
+        assert not (state / f"{name}.pid").exists()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = CHROMIUM
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _wait(predicate, timeout: float, what: str, every: float = 1.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if out := predicate():
+            return out
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _field(driver, label: str):
+    """The input of the schema-form property labelled `label` (e.g. 'Iterations (Optional)')."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.XPATH, f"//span[@class='schema-form-property__label' and normalize-space()="
+                                         f"'{label}']/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//*[self::input or self::textarea]")
+
+
+def _type(el, text: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    el.send_keys(Keys.CONTROL, "a")
+    el.send_keys(Keys.BACKSPACE)
+    el.send_keys(text)
+
+
+def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from infra.runs import find_by_flow_run
+
+    body = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
+    # 1. the deployments page lists train/tiny; open its custom-run form
+    browser.get(f"{stack['prefect']}/deployments")
+    _wait(lambda: "tiny" in body() and "evaluate" in body() and "align" in body(), 120, "the deployments list")
+    browser.find_element(By.XPATH, "//a[normalize-space()='tiny']").click()
+    _wait(lambda: "/deployments/deployment/" in browser.current_url, 60, "the deployment page")
+    browser.get(browser.current_url.split("?")[0].rstrip("/") + "/run")
+    _wait(lambda: "Iterations (Optional)" in body(), 120, "the run form")
+    # 2. change parameters in the form: one iteration, runs in the test's folder, a recognisable run name
+    name = f"browser-{uuid.uuid4().hex[:8]}"
+    _type(browser.find_element(By.CSS_SELECTOR, ".flow-run-name-input input"), name)
+    _type(_field(browser, "Iterations (Optional)"), "1")
+    _type(_field(browser, "Dir (Optional)"), str(stack["runs"]))
+    browser.find_element(By.XPATH, "//button[@type='submit' and normalize-space()='Submit']").click()
+
+    def run_link():  # the UI either opens the new flow run or toasts a link to it
+        if "/runs/flow-run/" in browser.current_url:
+            return browser.current_url
+        links = browser.find_elements(By.CSS_SELECTOR, "a[href*='/runs/flow-run/']")
+        return links[0].get_attribute("href") if links else None
+
+    url = _wait(run_link, 60, "a link to the new flow run")
+    flow_run_id = url.split("?")[0].rstrip("/").split("/")[-1]
+    browser.get(url)
+    # 3. the worker picks it up; the state badge in the page heading turns Completed (the page polls)
+    def state():
+        badges = browser.find_elements(By.CSS_SELECTOR, ".page-heading .state-badge")
+        text = badges[0].text.strip() if badges else ""
+        return text if text in ("Completed", "Failed", "Crashed", "Cancelled") else None
+
+    assert _wait(state, 900, "the flow run to finish", 5) == "Completed", body()[:3000]
+    browser.save_screenshot(str(tmp_path / "prefect-flow-run.png"))
+    assert (tmp_path / "prefect-flow-run.png").stat().st_size > 10_000
+    run_dir = find_by_flow_run(stack["runs"], flow_run_id)
+    assert run_dir is not None, f"no run folder of flow run {flow_run_id} in {stack['runs']}"
+    cfg = (run_dir / "config.yaml").read_text()
+    assert "iterations: 1\n" in cfg and f"dir: {stack['runs']}" in cfg  # the form's values reached the run
+    browser.refresh()  # the flow run renamed itself once its run id was known
+    _wait(lambda: f"train-mathchat-{run_dir.name}" in body(), 60, "the flow run's name")
+    # 4. the MLflow UI shows that run's metrics
+    from mlflow.tracking import MlflowClient
+
+    mlflow_id = (run_dir / "mlflow_run_id").read_text().strip()
+    exp = MlflowClient(tracking_uri=f"sqlite:///{stack['runs']}/mlflow.db").get_run(mlflow_id).info.experiment_id
+    browser.get(f"{stack['mlflow']}/#/experiments/{exp}/runs/{mlflow_id}")
+    _wait(lambda: run_dir.name in body() and "Finished" in body(), 120, "the finished MLflow run's page")
+    _wait(lambda: "success_rate" in body(), 60, "the run's metrics")
+    browser.save_screenshot(str(tmp_path / "mlflow-run.png"))
+    # 5. the registry: the run's final solver is a version of `tiny-solver`, with the alias `best`
+    browser.get(f"{stack['mlflow']}/#/models/tiny-solver")
+    _wait(lambda: run_dir.name in body(), 120, "the registered model's versions")
+    assert "best" in body() and "teamrl.eval_success" in body(), body()[:2000]

@@ -1,0 +1,33 @@
+"""prefect.yaml: generated from the presets, one train deployment per preset whose parameters are that
+preset's config exactly, plus evaluate and align, on the process work pool."""
+from pathlib import Path
+
+import yaml
+
+from flows.config import RunConfig, load_config, preset_names
+from flows.deployments import POOL, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_prefect_yaml_is_generated_from_the_current_presets():
+    assert (ROOT / "prefect.yaml").read_text() == render(), \
+        "prefect.yaml is stale: run `.venv/bin/python -m flows.deployments > prefect.yaml`"
+
+
+def test_each_preset_deployment_carries_exactly_that_preset():
+    doc = yaml.safe_load(render())
+    deps = {d["name"]: d for d in doc["deployments"]}
+    assert set(deps) == {*preset_names(), "evaluate", "align"}
+    for p in preset_names():
+        d = deps[p]
+        assert d["entrypoint"] == "flows/train.py:train" and d["work_pool"]["name"] == POOL
+        assert RunConfig.model_validate(d["parameters"]["config"]) == load_config(p, [])
+    for name, entry in (("evaluate", "flows/evaluate.py:evaluate"), ("align", "flows/align.py:align")):
+        assert deps[name]["entrypoint"] == entry and "parameters" not in deps[name]
+    scheduled = [d for d in deps.values() if d.get("schedules")]
+    assert len(scheduled) == 1 and all(s["active"] is False for s in scheduled[0]["schedules"])
+    assert doc["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TEAMRL_HOME }}"}}]
+    for d in deps.values():  # every entrypoint names a real flow
+        path, fn = d["entrypoint"].split(":")
+        assert f"def {fn}(" in (ROOT / path).read_text()
