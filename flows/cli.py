@@ -112,6 +112,8 @@ def eval_cmd(
 
     if not run_id and not model:
         _fail("give a RUN_ID, or --model models:/<name>@<alias> (see `teamrl runs list`)")
+    if model and iteration is not None:
+        _fail("--iteration does not apply with --model: the registered agents play with the run's latest team")
     try:
         if model:
             run_dir = registered_team(runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id)
