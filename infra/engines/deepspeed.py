@@ -136,6 +136,8 @@ class DeepSpeedTrainer:
         params = policy.parameters(agent)
         with policy.materialized(agent):
             backup = [p.detach().clone() for p in params]
+        for p in params:  # gradients left by earlier work on these weights must not enter the first step
+            p.grad = None
         bf16 = all(p.dtype == torch.bfloat16 for p in params)
         module = _AgentModule(policy, agent, temperature)
         opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
