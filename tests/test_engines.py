@@ -338,6 +338,7 @@ def test_single_process_env_fills_only_what_a_launcher_did_not_set():
                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
     assert single_process_env({"MASTER_PORT": "29500", "RANK": "0"}, 1)["MASTER_ADDR"] == "127.0.0.1"
     assert "MASTER_PORT" not in single_process_env({"MASTER_PORT": "29500"}, 1)
+    assert single_process_env({}, 1, local_rank=2)["LOCAL_RANK"] == "2"  # engines.device=cuda:2
 
 
 # -- DeepSpeed: the trainer's update is the torch trainer's (fake deepspeed engine) -----------------------

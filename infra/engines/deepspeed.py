@@ -70,15 +70,19 @@ def gather_partitioned(params: list, modify: bool):
         yield
 
 
-def _init_distributed() -> None:
+def _init_distributed(device: str) -> None:
     import os
 
     import deepspeed
 
-    os.environ.update(single_process_env(os.environ, free_port()))
+    index = int(device.split(":")[1]) if ":" in device else 0
+    os.environ.update(single_process_env(os.environ, free_port(), local_rank=index))
     if int(os.environ["WORLD_SIZE"]) != 1:
         raise RuntimeError("the deepspeed trainer runs in the flow's own process (one rank); several ranks "
                            f"(WORLD_SIZE={os.environ['WORLD_SIZE']}) are not supported yet")
+    if int(os.environ["LOCAL_RANK"]) != index:
+        raise RuntimeError(f"LOCAL_RANK={os.environ['LOCAL_RANK']} but engines.device={device}: DeepSpeed would "
+                           "move the trained weights to another GPU than the model's")
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
@@ -131,7 +135,7 @@ class DeepSpeedTrainer:
         import deepspeed
 
         t0 = time.perf_counter()
-        _init_distributed()
+        _init_distributed(self.engines.device)
         policy.gather = gather_partitioned
         params = policy.parameters(agent)
         with policy.materialized(agent):

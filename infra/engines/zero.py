@@ -76,10 +76,12 @@ def build_zero_config(cfg: DeepSpeedConfig, *, micro_batch_size: int, max_grad_n
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def single_process_env(environ: Mapping[str, str], port: int) -> dict[str, str]:
+def single_process_env(environ: Mapping[str, str], port: int, local_rank: int = 0) -> dict[str, str]:
     """The torch.distributed variables a launcher would set, for the one-process group the trainer runs
-    in when nothing launched it (rank 0 of 1 on this host); variables already set are kept."""
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    in when nothing launched it (rank 0 of 1 on this host; `local_rank` = the GPU index DeepSpeed puts its
+    engine on, that of engines.device); variables already set are kept."""
+    defaults = {"RANK": "0", "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)}
     return {k: v for k, v in defaults.items() if k not in environ}
 
 
