@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
