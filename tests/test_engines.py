@@ -492,6 +492,45 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
     assert all(e.destroyed for e in fake_deepspeed)
 
 
+def test_zero3_moments_round_trip_through_its_empty_param_groups(tmp_path):
+    """DeepSpeed's stage-3 optimizer keeps its torch optimizer's param groups empty between steps."""
+    import torch
+
+    from infra.engines.config import EnginesConfig
+    from infra.engines.deepspeed import DeepSpeedTrainer
+
+    def zero3(flat):
+        opt = torch.optim.AdamW([flat], lr=0.1)
+
+        class Zero3:
+            optimizer = opt
+
+            def _set_fp32_optimizer_param_groups(self):
+                opt.param_groups[0]["params"].append(flat)
+
+            def _clear_fp32_optimizer_param_groups(self):
+                opt.param_groups[0]["params"] = []
+
+        return Zero3()
+
+    first = zero3(flat := torch.nn.Parameter(torch.ones(5)))
+    flat.grad = torch.arange(5.0)
+    first.optimizer.step()
+    first._clear_fp32_optimizer_param_groups()
+    trainer = DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed"))
+    state = trainer._moments(first)
+    assert state["layout"] == [[5]] and first.optimizer.param_groups[0]["params"] == []
+    torch.save(state, tmp_path / "opt.pt")
+    second = zero3(flat2 := torch.nn.Parameter(torch.ones(5)))
+    second._clear_fp32_optimizer_param_groups()
+    trainer._load_moments(second, tmp_path / "opt.pt")
+    assert second.optimizer.param_groups[0]["params"] == []
+    torch.testing.assert_close(second.optimizer.state[flat2]["exp_avg"], first.optimizer.state[flat]["exp_avg"])
+    with pytest.warns(RuntimeWarning, match="another ZeRO stage"):
+        DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=2))
+                         )._load_moments(zero3(torch.nn.Parameter(torch.ones(5))), tmp_path / "opt.pt")
+
+
 def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
     import torch
 

@@ -86,9 +86,22 @@ def _init_distributed(device: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
-def _inner(optimizer):
-    """The torch AdamW inside DeepSpeed's optimizer wrapper (itself at stage 0 in fp32)."""
-    return getattr(optimizer, "optimizer", optimizer)
+@contextmanager
+def optimizer_view(ds_optimizer):
+    """The torch AdamW inside DeepSpeed's optimizer wrapper (the wrapper itself at stage 0 in fp32), its
+    param groups holding the flat fp32 partitions it steps: ZeRO-3 keeps them empty between steps and
+    fills them for its own checkpoints, so does this, for `state_dict` / `load_state_dict`."""
+    inner = getattr(ds_optimizer, "optimizer", ds_optimizer)
+    fill = getattr(ds_optimizer, "_set_fp32_optimizer_param_groups", None)
+    clear = getattr(ds_optimizer, "_clear_fp32_optimizer_param_groups", None)
+    if fill is None or clear is None:
+        yield inner
+        return
+    fill()
+    try:
+        yield inner
+    finally:
+        clear()
 
 
 def _layout(inner) -> list[list[int]]:
@@ -112,20 +125,28 @@ class DeepSpeedTrainer:
         self.engines = engines
         self.cfg = engines.deepspeed
 
-    def _load_moments(self, inner, path: Path | None) -> None:
+    def _load_moments(self, ds_optimizer, path: Path | None) -> None:
+        """The AdamW moments saved with the checkpoint the update starts from (not DeepSpeed's master
+        weights: those are rebuilt from the weights as they are)."""
         if path is None or not path.exists():
             return
         saved = torch.load(path, weights_only=True)
-        why = None
-        if saved.get("trainer") != FORMAT:
-            why = "was written by the torch trainer"
-        elif saved.get("zero_stage") != self.cfg.zero_stage or saved.get("layout") != _layout(inner):
-            why = "has another ZeRO stage or parameter layout"
-        if why:
-            warnings.warn(f"{path} {why}; the deepspeed trainer starts with fresh AdamW moments", RuntimeWarning,
-                          stacklevel=3)
-            return
-        inner.load_state_dict(saved["state"])
+        with optimizer_view(ds_optimizer) as inner:
+            why = None
+            if saved.get("trainer") != FORMAT:
+                why = "was written by the torch trainer"
+            elif saved.get("zero_stage") != self.cfg.zero_stage or saved.get("layout") != _layout(inner):
+                why = "has another ZeRO stage or parameter layout"
+            if why:
+                warnings.warn(f"{path} {why}; the deepspeed trainer starts with fresh AdamW moments", RuntimeWarning,
+                              stacklevel=3)
+                return
+            inner.load_state_dict(saved["state"])
+
+    def _moments(self, ds_optimizer) -> dict:
+        with optimizer_view(ds_optimizer) as inner:
+            return {"trainer": FORMAT, "zero_stage": self.cfg.zero_stage, "layout": _layout(inner),
+                    "state": _to_cpu(inner.state_dict())}
 
     def train(self, policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float,
               weight_decay: float, epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
@@ -159,8 +180,7 @@ class DeepSpeedTrainer:
         rng = np.random.default_rng(seed)
         losses, stats_acc, tokens, stopped = [], {}, 0, False
         try:
-            inner = _inner(engine.optimizer)
-            self._load_moments(inner, optimizer_state)
+            self._load_moments(engine.optimizer, optimizer_state)
             for _ in range(epochs):
                 if stopped:
                     break
@@ -197,8 +217,7 @@ class DeepSpeedTrainer:
                     step_stats = stats_sum | ({} if gnorm is None else {"grad_norm": float(gnorm)})
                     for k, v in step_stats.items():
                         stats_acc.setdefault(k, []).append(v)
-            state = {"trainer": FORMAT, "zero_stage": self.cfg.zero_stage, "layout": _layout(inner),
-                     "state": _to_cpu(inner.state_dict())}
+            state = self._moments(engine.optimizer)
         finally:
             engine.destroy()
             del engine
