@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra.generation import EnginesConfig
+from infra.engines.config import EnginesConfig
 from infra.models import ModelConfig
 from pipelines import MathChatConfig, PipelineConfig
 from tasks.algorithm import AlgorithmConfig
@@ -54,6 +54,18 @@ class RunConfig(BaseModel):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
 
+    @model_validator(mode="after")
+    def _engines_fit_the_model(self):
+        e, m = self.engines, self.model
+        if e.generation == "vllm" and m.weights != "lora":
+            raise ValueError("engines.generation=vllm serves one LoRA adapter per agent: it needs model.weights=lora")
+        if e.generation == "vllm" and m.name == "tiny":
+            raise ValueError("engines.generation=vllm cannot serve model.name=tiny (a random model that exists only "
+                             "in memory): name a Hugging Face model, a local folder or smollm2-135m-instruct")
+        if e.trainer == "deepspeed" and e.device == "cpu":
+            raise ValueError("engines.trainer=deepspeed runs on a GPU: set engines.device=cuda")
+        return self
+
 
 class ConfigError(ValueError):
     """A config problem; the message names the field."""
@@ -91,10 +103,13 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any, str]]:
 def _format(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        where = ".".join(str(p) for p in err["loc"])
         msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         got = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and "input" in err and \
             not isinstance(err["input"], dict) else ""
+        if not where:  # a check across sections: its message names the fields
+            lines.append(msg.removeprefix("Value error, "))
+            continue
         lines.append(f"{where}: {msg}{got}")
     return "invalid config: " + "; ".join(lines)
 

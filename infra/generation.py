@@ -1,33 +1,17 @@
-"""The HF generation engine: batched sampling that returns token ids with their log-probs, and
-batched log-prob scoring of given responses (for the reference policy and for training)."""
+"""Generation and scoring on a transformers model: batched sampling that returns token ids with their
+log-probs (the `hf` engine, infra/engines/hf.py), and batched log-prob scoring of given responses (the
+reference policy, the trainers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from infra.engines.config import EnginesConfig  # noqa: F401  (re-exported: the run config's `engines` section)
+from infra.engines.types import Generation, GenerationRequest  # noqa: F401  (re-exported)
 
 
-class EnginesConfig(BaseModel):
-    """Where generation and training run. CPU defaults; GPU engines plug in behind the same calls."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    generation: Literal["hf"] = Field("hf", description="generation engine: `hf` (transformers generate)")
-    trainer: Literal["torch"] = Field("torch", description="trainer: `torch` (plain PyTorch + AdamW)")
-    runner: Literal["local"] = Field("local", description="where tasks run: `local` (this process)")
-    batch_size: int = Field(16, ge=1, description="sequences per generate / forward call")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default)")
-
-
-@dataclass
-class Generation:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    text: str
-    truncated: bool  # hit max_new_tokens without an end-of-turn token
+def _device(model) -> torch.device:
+    """Where the model's weights are (inputs are built on the CPU and moved there)."""
+    return next(model.parameters()).device
 
 
 def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,6 +36,7 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         ids, mask = _left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
+        ids, mask = ids.to(_device(model)), mask.to(_device(model))
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                              do_sample=not greedy, temperature=temperature if not greedy else None,
                              top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
@@ -92,6 +77,8 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     ids = torch.cat([ids_p, ids_r], dim=1)
     mask = torch.cat([mask_p, mask_r], dim=1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    dev = _device(model)
+    ids, mask, pos, ids_r, mask_r = ids.to(dev), mask.to(dev), pos.to(dev), ids_r.to(dev), mask_r.to(dev)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r_max + 1).logits
     return logits[:, :-1], ids_r, mask_r
 

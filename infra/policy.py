@@ -19,10 +19,13 @@ from infra.models import ModelConfig, load_base, load_tokenizer
 class TeamPolicy:
     """Long-lived: built once per process and run, then moved between checkpoint versions."""
 
-    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0):
-        self.cfg, self.agents = cfg, list(agents)
+    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0, device: str = "cpu"):
+        self.cfg, self.agents, self.device = cfg, list(agents), device
         self.tokenizer = load_tokenizer(cfg)
-        base = load_base(cfg, self.tokenizer, seed)
+        base = load_base(cfg, self.tokenizer, seed).to(device)
+        # A trainer whose engine partitions parameters (DeepSpeed ZeRO-3) sets this to a context manager
+        # `gather(params, modify)` that makes them whole for uses outside its engine (see `materialized`).
+        self.gather = None
         # agent -> (run folder, version) whose weights are in memory; one TeamPolicy may serve many runs
         self._loaded: dict[str, tuple[str, int]] = {a: ("<initial>", 0) for a in self.agents}
         if cfg.weights == "lora":
@@ -49,18 +52,29 @@ class TeamPolicy:
 
     # -- which weights are active -------------------------------------------------------------
     @contextmanager
+    def materialized(self, agent: str, modify: bool = False):
+        """Agent `agent`'s trainable weights whole in memory for the block (`modify`: writes in the block
+        are kept). A no-op unless a trainer partitions them (`gather`)."""
+        if self.gather is None:
+            yield
+        else:
+            with self.gather(self._params[agent], modify):
+                yield
+
+    @contextmanager
     def acting(self, agent: str):
         """The module that computes agent `agent`'s policy."""
         if agent not in self._loaded:
             raise KeyError(f"unknown agent {agent!r}; team is {self.agents}")
-        if self.cfg.weights == "lora":
-            self.model.set_adapter(agent)
-            for a in self.agents:  # set_adapter may toggle requires_grad; keep every adapter trainable
-                for p in self._params[a]:
-                    p.requires_grad_(True)
-            yield self.model
-        else:
-            yield self.copies[agent]
+        with self.materialized(agent):
+            if self.cfg.weights == "lora":
+                self.model.set_adapter(agent)
+                for a in self.agents:  # set_adapter may toggle requires_grad; keep every adapter trainable
+                    for p in self._params[a]:
+                        p.requires_grad_(True)
+                yield self.model
+            else:
+                yield self.copies[agent]
 
     @contextmanager
     def reference(self):
@@ -85,16 +99,17 @@ class TeamPolicy:
         """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer."""
         from safetensors.torch import save_file, save_model
 
-        root = Path(run_dir) / "checkpoints" / agent
-        final = root / f"v{version:04d}"
+        final = checkpoint_dir(run_dir, agent, version)
+        root = final.parent
         tmp = root / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir(parents=True)
-        if self.cfg.weights == "lora":
-            state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
-            save_file(state, tmp / "adapter_model.safetensors")
-            self.model.peft_config[agent].save_pretrained(tmp)
-        else:  # save_model de-duplicates tied weights (embeddings / lm_head)
-            save_model(self.copies[agent], str(tmp / "model.safetensors"))
+        with self.materialized(agent):
+            if self.cfg.weights == "lora":
+                state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
+                save_file(state, tmp / "adapter_model.safetensors")
+                self.model.peft_config[agent].save_pretrained(tmp)
+            else:  # save_model de-duplicates tied weights (embeddings / lm_head)
+                save_model(self.copies[agent], str(tmp / "model.safetensors"))
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
@@ -114,22 +129,29 @@ class TeamPolicy:
             return
         from safetensors.torch import load_file, load_model
 
-        d = Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
+        d = checkpoint_dir(run_dir, agent, version)
         if not d.is_dir():
             if version != 0:
                 raise FileNotFoundError(f"no checkpoint {d}")
-            with torch.no_grad():
+            with torch.no_grad(), self.materialized(agent, modify=True):
                 for p, init in zip(self._params[agent], self._initial[agent]):
                     p.copy_(init)
             self._loaded[agent] = (_key(run_dir), 0)
             return
-        if self.cfg.weights == "lora":
-            from peft import set_peft_model_state_dict
+        with self.materialized(agent, modify=True):
+            if self.cfg.weights == "lora":
+                from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"), adapter_name=agent)
-        else:
-            load_model(self.copies[agent], str(d / "model.safetensors"))
+                set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"),
+                                          adapter_name=agent)
+            else:
+                load_model(self.copies[agent], str(d / "model.safetensors"))
         self._loaded[agent] = (_key(run_dir), version)
+
+
+def checkpoint_dir(run_dir: str | Path, agent: str, version: int) -> Path:
+    """checkpoints/<agent>/vNNNN/ of a run: the agent's weights at `version` (peft adapter or full model)."""
+    return Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
 
 
 def _key(run_dir: str | Path) -> str:

@@ -1,4 +1,4 @@
-"""The torch trainer: minibatched gradient steps on one agent's weights with a given loss function.
+"""The torch trainer (the `torch` engine): minibatched gradient steps on one agent's weights with a given loss function.
 
 The loss math lives in `tasks/losses.py`; this module only moves data, steps the optimiser, clips
 gradients, refuses non-finite steps, and keeps the optimiser state with the checkpoint.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,6 +44,12 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
     return out
 
 
+def micro_tensors(micro: list[TrainItem], n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(old log-probs, advantages, loss mask) of a micro-batch, each padded to [B, n] on `device`."""
+    return tuple(_pad(rows, n, torch.float32).to(device) for rows in
+                 ([it.old_logprobs for it in micro], [it.advantages for it in micro], [it.mask for it in micro]))
+
+
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
                 optimizer_state: Path | None = None, temperature: float = 1.0,
@@ -57,7 +64,12 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
     params = policy.parameters(agent)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if optimizer_state is not None and optimizer_state.exists():
-        opt.load_state_dict(torch.load(optimizer_state, weights_only=True))
+        state = torch.load(optimizer_state, weights_only=True)
+        if "trainer" in state:  # written by another trainer (infra/engines/deepspeed.py): its layout is not ours
+            warnings.warn(f"{optimizer_state} holds {state['trainer']} optimizer state; the torch trainer "
+                          "starts with fresh AdamW moments", RuntimeWarning, stacklevel=2)
+        else:
+            opt.load_state_dict(state)
     backup = [p.detach().clone() for p in params]
     rng = np.random.default_rng(seed)
     pad = policy.tokenizer.pad_token_id
@@ -79,9 +91,7 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                     n = max(1, max(len(it.response_ids) for it in micro))
                     logp = response_logprobs(model, [it.prompt_ids for it in micro],
                                              [it.response_ids for it in micro], pad, temperature)
-                    old = _pad([it.old_logprobs for it in micro], n, torch.float32)
-                    adv = _pad([it.advantages for it in micro], n, torch.float32)
-                    mask = _pad([it.mask for it in micro], n, torch.float32)
+                    old, adv, mask = micro_tensors(micro, n, logp.device)
                     loss, stats = loss_fn(logp, old, adv, mask)
                     share = mask.sum().item() / mb_tokens
                     (loss * share).backward()
@@ -124,7 +134,7 @@ def batch_logprobs(policy, agent: str, items: list[TrainItem], temperature: floa
             micro = items[m0:m0 + micro_batch_size]
             logp = response_logprobs(model, [it.prompt_ids for it in micro], [it.response_ids for it in micro],
                                      pad, temperature)
-            new[m0:m0 + len(micro), :logp.shape[1]] = logp
+            new[m0:m0 + len(micro), :logp.shape[1]] = logp.cpu()
     return (new, _pad([it.old_logprobs for it in items], n, torch.float32),
             _pad([it.advantages for it in items], n, torch.float32), _pad([it.mask for it in items], n, torch.float32))
 

@@ -19,12 +19,13 @@ import re
 import sqlite3
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from infra.engines.pool import ClientPool
 
 SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
           "PROCESS_SCORE: N (N an integer from 0 to 10).")
@@ -53,7 +54,8 @@ class CoachConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout (each retry gets its own)")
     max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (exponential backoff, honouring "
                              "Retry-After) on timeouts, 429, 5xx and connection errors; then the score is missing")
-    concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests")
+    concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests (the client pool's "
+                             "max_concurrency, infra/engines/pool.py)")
     reask: int = Field(1, ge=0, le=5, description="llm: re-asks after an answer without a score in 0..10 "
                        "before recording it missing (`malformed`)")
     max_context_chars: int = Field(2000, ge=100, description="llm: the agent's input context is cut to this")
@@ -163,6 +165,7 @@ class LLMCoach:
         self.client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "not-needed",
                              timeout=cfg.timeout_s, max_retries=cfg.max_retries)
         self.cache = _Cache(cache_path) if (cfg.cache and cache_path) else None
+        self.pool = ClientPool(max_concurrency=cfg.concurrency)
 
     def _ask(self, messages: list[dict]) -> str:
         resp = None
@@ -205,5 +208,5 @@ class LLMCoach:
         return CoachResult(None, why, ERROR_KINDS[kind], time.perf_counter() - t0, error_kind=kind)
 
     def score_many(self, reqs: list[CoachRequest]) -> list[CoachResult]:
-        with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
-            return list(pool.map(self.score, reqs))
+        """Every request scored through the client pool, at most `concurrency` at a time, in order."""
+        return self.pool.map(self.score, reqs)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import torch
 from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra import store
 from infra.faults import crash_point
-from infra.generation import EnginesConfig, encode_chat, generate, score_logprobs
+from infra.generation import EnginesConfig, GenerationRequest, encode_chat, score_logprobs
 from infra.progress import progress_bar
 from tasks import context
 from tasks.extract import extract
@@ -50,8 +49,10 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     engines = context.section(run_dir, "engines", EnginesConfig)
     pipe = context.pipeline(run_dir)
     policy = context.policy(run_dir)
-    for agent, v in versions.items():
+    for agent, v in versions.items():  # the team's model: reference pass, rescoring, the `hf` engine
         policy.load(run_dir, agent, v)
+    engine = context.generation_engine(run_dir)
+    engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
     tok = policy.tokenizer
     seed = context.value(run_dir, "seed")
     problems = _select(run_dir, iteration, phase, split,
@@ -65,7 +66,7 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
-        act = _Team(policy, tok, pipe, engines, cfg.temperature, greedy, advance,
+        act = _Team(engine, tok, pipe, cfg.temperature, greedy, advance,
                     lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n))
         episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
@@ -73,13 +74,18 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
 
     run_id = context.value(run_dir, "run_id")
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
+    temperature = 1.0 if greedy else cfg.temperature
     if split == "eval":  # evaluation trains nothing: no reference pass (ref_logprobs stay null)
         refs = [None] * len(actions)
     else:
         with policy.reference() as ref:  # one pass for every agent: all share the frozen base
             refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
-                                  tok.pad_token_id, batch_size=engines.batch_size,
-                                  temperature=1.0 if greedy else cfg.temperature)
+                                  tok.pad_token_id, batch_size=engines.batch_size, temperature=temperature)
+        if engines.rescore_logprobs:
+            gaps = rescore(policy, actions, engines.batch_size, temperature)
+            for e in episodes:
+                if e.episode_id in gaps:
+                    e.metrics["logprob_gap"] = gaps[e.episode_id]
     rows = []
     for a, r in zip(actions, refs):
         rows.append(a | {"run_id": run_id, "iteration": iteration, "phase": phase, "ref_logprobs": r,
@@ -98,21 +104,38 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
             "tokens": sum(len(a["response_ids"]) for a in actions)}
 
 
-class _Team:
-    """The pipeline's `Act`: batched generation per agent, the tokenizer, and System-1 extraction."""
+def rescore(policy, actions: list[dict], batch_size: int, temperature: float) -> dict[str, float]:
+    """Replace each action's `logprobs` (the generation engine's) by the trainer model's, per agent; returns
+    the mean absolute gap per token of each episode (what the engines disagree on)."""
+    by_agent: dict[str, list[dict]] = {}
+    for a in actions:
+        by_agent.setdefault(a["agent"], []).append(a)
+    gap: dict[str, list[float]] = {}
+    for agent, acts in by_agent.items():
+        with policy.acting(agent) as model:
+            new = score_logprobs(model, [a["prompt_ids"] for a in acts], [a["response_ids"] for a in acts],
+                                 policy.tokenizer.pad_token_id, batch_size=batch_size, temperature=temperature)
+        for a, lp in zip(acts, new):
+            gap.setdefault(a["episode_id"], []).extend(abs(x - y) for x, y in zip(a["logprobs"], lp))
+            a["logprobs"] = lp
+    return {e: float(sum(v) / len(v)) for e, v in gap.items() if v}
 
-    def __init__(self, policy, tokenizer, pipe, engines, temperature, greedy, advance, seed_of):
-        self.policy, self.tokenizer, self.pipe, self.engines = policy, tokenizer, pipe, engines
+
+class _Team:
+    """The pipeline's `Act`: batched generation per agent (the generation engine), the tokenizer, and
+    System-1 extraction."""
+
+    def __init__(self, engine, tokenizer, pipe, temperature, greedy, advance, seed_of):
+        self.engine, self.tokenizer, self.pipe = engine, tokenizer, pipe
         self.temperature, self.greedy, self.advance, self.seed_of = temperature, greedy, advance, seed_of
         self.calls = 0  # an agent may act on several turns: each call gets its own seed
 
     def __call__(self, agent: str, prompts: list) -> list:
         self.calls += 1
-        torch.manual_seed(self.seed_of(agent, self.calls))
         ids = [p if p and isinstance(p[0], int) else encode_chat(self.tokenizer, p) for p in prompts]
-        with self.policy.acting(agent) as model:
-            out = generate(model, self.tokenizer, ids, self.pipe.cfg.max_new_tokens.get(agent, 64),
-                           temperature=self.temperature, greedy=self.greedy, batch_size=self.engines.batch_size)
+        out = self.engine.generate(GenerationRequest(agent, ids, self.pipe.cfg.max_new_tokens.get(agent, 64),
+                                                     temperature=self.temperature, greedy=self.greedy,
+                                                     seed=self.seed_of(agent, self.calls)))
         self.advance()
         return out
 

@@ -61,17 +61,56 @@ def policy(run_dir: str):
     from infra.policy import TeamPolicy
 
     mcfg = section(run_dir, "model", ModelConfig)
+    engines = section(run_dir, "engines", EnginesConfig)
     agents = tuple(a.name for a in pipeline(str(run_dir)).agents)
-    key = (mcfg.model_dump_json(), agents, value(run_dir, "seed"))
+    key = (mcfg.model_dump_json(), agents, value(run_dir, "seed"), engines.device)
     if key not in _POLICIES:
-        threads = section(run_dir, "engines", EnginesConfig).threads
-        if threads:
+        if engines.threads:
             import torch
 
-            torch.set_num_threads(threads)
+            torch.set_num_threads(engines.threads)
         _POLICIES.clear()  # one team in memory at a time
-        _POLICIES[key] = TeamPolicy(mcfg, list(agents), seed=value(run_dir, "seed"))
+        _POLICIES[key] = TeamPolicy(mcfg, list(agents), seed=value(run_dir, "seed"), device=engines.device)
     return _POLICIES[key]
+
+
+_GENERATION: dict[tuple, object] = {}
+
+
+def generation_engine(run_dir: str):
+    """The generation engine (`engines.generation`, infra/engines/), built once per team and engine config;
+    call `use(run_dir, versions)` on it before generating."""
+    from infra.engines import engine_class
+    from infra.generation import EnginesConfig
+    from infra.models import ModelConfig
+
+    engines = section(run_dir, "engines", EnginesConfig)
+    pol = policy(run_dir)
+    key = (engines.generation, engines.vllm.model_dump_json(), engines.batch_size, id(pol))
+    if key not in _GENERATION:
+        for old in _GENERATION.values():  # one engine at a time: a GPU engine holds memory until closed
+            old.close()
+        _GENERATION.clear()
+        cls = engine_class("generation", engines.generation)
+        _GENERATION[key] = cls(pol, section(run_dir, "model", ModelConfig), engines, list(pol.agents),
+                               value(run_dir, "seed"))
+    return _GENERATION[key]
+
+
+def release_generation() -> None:
+    """Let a built generation engine give up accelerator memory while the trainer works (vLLM's sleep
+    mode; a no-op otherwise). Builds nothing."""
+    for engine in _GENERATION.values():
+        engine.sleep()
+
+
+def trainer(run_dir: str):
+    """The trainer (`engines.trainer`, infra/engines/)."""
+    from infra.engines import engine_class
+    from infra.generation import EnginesConfig
+
+    engines = section(run_dir, "engines", EnginesConfig)
+    return engine_class("trainer", engines.trainer)(engines)
 
 
 def prefect_cache_key(run_dir: str, done: bool, *parts) -> str | None:

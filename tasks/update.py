@@ -1,5 +1,8 @@
 """DAG stage `update`: one PPO-clip gradient update of one agent; a checkpoint and an `updates` row.
 
+The gradient steps run in the configured trainer (`engines.trainer`: torch, or DeepSpeed ZeRO), on
+the same loss function (tasks/losses.py).
+
 With a trust region (`algorithm.kl_delta`) the epochs stop early when a minibatch's KL estimate
 exceeds delta, then the step is halved (backtracking) until the whole batch's KL is within delta;
 the row records KL, surrogate gain, penalty and certificate (tasks/trust_region.py).
@@ -16,7 +19,7 @@ from prefect import task
 from infra import store
 from infra.faults import crash_point
 from infra.progress import progress_bar
-from infra.trainer import TrainItem, batch_logprobs, interpolate, train_agent
+from infra.trainer import TrainItem, batch_logprobs, interpolate
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.collect_rollouts import RolloutConfig
@@ -46,15 +49,16 @@ def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list
     """Backtrack from the trained weights towards `start` until KL <= delta; (certificate, step fraction
     kept), the fraction 0 (weights back at `start`) when `steps` halvings were not enough."""
     params = policy.parameters(agent)
-    end = [p.detach().clone() for p in params]
-    alpha = 1.0
-    for _ in range(steps + 1):
-        cert = certify(*batch_logprobs(policy, agent, items, temperature, micro_batch_size))
-        if cert.kl <= delta:
-            return cert, alpha
-        alpha /= 2
-        interpolate(params, start, end, alpha)
-    interpolate(params, start, end, 0.0)
+    with policy.materialized(agent, modify=True):  # whole even where the trainer partitions them (ZeRO-3)
+        end = [p.detach().clone() for p in params]
+        alpha = 1.0
+        for _ in range(steps + 1):
+            cert = certify(*batch_logprobs(policy, agent, items, temperature, micro_batch_size))
+            if cert.kl <= delta:
+                return cert, alpha
+            alpha /= 2
+            interpolate(params, start, end, alpha)
+        interpolate(params, start, end, 0.0)
     return cert, 0.0
 
 
@@ -72,15 +76,18 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
                 "version_after": version_before, "skipped": True, "reason": "no scored actions for this agent"}
     else:
         temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
-        start = [p.detach().clone() for p in policy.parameters(agent)]
+        with policy.materialized(agent):
+            start = [p.detach().clone() for p in policy.parameters(agent)]
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
+        trainer = context.trainer(run_dir)
+        context.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
         with progress_bar(f"update {agent} it={iteration}", steps) as advance:
-            res, opt_state = train_agent(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
-                                         lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
-                                         minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
-                                         micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
-                                         seed=seed, optimizer_state=ckpt / "optimizer.pt",
-                                         temperature=temperature, on_step=advance)
+            res, opt_state = trainer.train(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
+                                           lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
+                                           minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
+                                           micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
+                                           seed=seed, optimizer_state=ckpt / "optimizer.pt",
+                                           temperature=temperature, on_step=advance)
         row |= {"kl": res.stats.get("kl"), "surrogate_gain": res.stats.get("surrogate"),
                 "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
                 "skipped": res.skipped, "reason": res.reason}

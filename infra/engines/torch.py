@@ -1,0 +1,14 @@
+"""The `torch` trainer: plain PyTorch + AdamW on the team's model (infra/trainer.py's train_agent)."""
+from __future__ import annotations
+
+from infra.trainer import train_agent
+
+
+class TorchTrainer:
+    name = "torch"
+
+    def __init__(self, engines=None):
+        self.engines = engines
+
+    def train(self, policy, agent, items, loss_fn, **kw):
+        return train_agent(policy, agent, items, loss_fn, **kw)

@@ -1,0 +1,68 @@
+"""What every engine speaks: a generation request and its results, and the two engine interfaces.
+
+Plain dataclasses and Protocols (no torch import), so pipelines, tasks and the pure vLLM translation
+can use them without pulling in an engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]   # of each response token under the sampling distribution, softmax(logits / T)
+    text: str
+    truncated: bool  # hit max_new_tokens without an end-of-turn token
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One batched generation by one agent: a response per prompt.
+
+    `seed` seeds the sampling (the engine derives one seed per prompt from it, so duplicated prompts,
+    e.g. a GRPO group, get different samples); `stop_ids` None = the tokenizer's end-of-sequence token.
+    """
+
+    agent: str
+    prompts: list[list[int]]
+    max_new_tokens: int
+    temperature: float = 1.0
+    greedy: bool = False
+    seed: int = 0
+    stop_ids: tuple[int, ...] | None = None
+
+
+class GenerationEngine(Protocol):
+    """Serves every agent's policy (one LoRA adapter per agent on one base) for rollouts."""
+
+    name: str
+
+    def use(self, run_dir: str | Path, versions: dict[str, int]) -> None:
+        """Serve each agent's weights at `versions` (its checkpoints in `run_dir`) from now on: the
+        weight sync after an update."""
+
+    def generate(self, request: GenerationRequest) -> list[Generation]:
+        """One Generation per prompt, in order."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory while the trainer runs (a no-op where that does not apply)."""
+
+    def close(self) -> None:
+        """Release everything the engine holds."""
+
+
+class Trainer(Protocol):
+    """Gradient updates of one agent's weights with a given loss function (tasks/losses.py)."""
+
+    name: str
+
+    def train(self, policy, agent: str, items: list, loss_fn: Callable, *, lr: float, weight_decay: float,
+              epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
+              optimizer_state: Path | None = None, temperature: float = 1.0, micro_batch_size: int = 2,
+              kl_stop: float | None = None, on_step: Callable[[], None] | None = None) -> tuple:
+        """(TrainResult, optimizer state to save with the checkpoint, or None when the update was skipped);
+        the contract of infra.trainer.train_agent."""
