@@ -25,7 +25,8 @@ def _prefect_progress(description: str, total: int):
 
 @contextmanager
 def progress_bar(description: str, total: int):
-    """Yields advance(n=1): moves the console bar (unless TEAMRL_PROGRESS=0) and the Prefect artifact."""
+    """Yields advance(n=1): moves the console bar (unless TEAMRL_PROGRESS=0) and the Prefect artifact, which
+    ends at 100% when the block completes and stays where it was when the block raises."""
     ui = _prefect_progress(description, total)
     done = 0
 
@@ -39,8 +40,10 @@ def progress_bar(description: str, total: int):
 
     if os.environ.get("TEAMRL_PROGRESS", "1") == "0":
         yield step
-        return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), transient=True) as bar:
-        tid = bar.add_task(description, total=total)
-        yield lambda n=1: step(n, bar, tid)
+    else:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), transient=True) as bar:
+            tid = bar.add_task(description, total=total)
+            yield lambda n=1: step(n, bar, tid)
+    if ui and done < total:  # the stage finished early (e.g. the KL early stop): it is done all the same
+        ui(total)

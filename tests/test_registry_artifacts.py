@@ -96,7 +96,9 @@ def test_eval_model_errors_name_the_problem(trained_run, uri, message):
 @pytest.mark.slow
 def test_prefect_run_names_and_artifacts(trained_run):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey,
+                                                ArtifactFilterType, FlowRunFilter, FlowRunFilterName,
+                                                FlowRunFilterParentFlowRunId)
 
     _, run_dir = trained_run
     with get_client(sync_client=True) as client:
@@ -109,7 +111,13 @@ def test_prefect_run_names_and_artifacts(trained_run):
         assert all(a.type == "table" and '"agent": "solver"' in a.data and "coach_score" in a.data for a in table)
         (link,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["spine-mlflow"])))
         assert link.type == "markdown" and "/#/experiments/" in link.data
-        everything = client.read_artifacts()
-        progress = [a for a in everything if a.type == "progress"]
+        # this run's flow run and its `iteration-<k>` sub-flow runs: their progress artifacts all completed
+        top = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["train-mathchat-spine"])))
+        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[r.id for r in top])))
+        progress = client.read_artifacts(artifact_filter=ArtifactFilter(
+            type=ArtifactFilterType(any_=["progress"]), flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in top + subs])))
+        assert {r.name for r in subs} == {"iteration-1", "iteration-2"}
         assert progress and all(float(a.data) == 100.0 for a in progress)
-        assert any(a.description.startswith("update solver") for a in progress)
+        assert {f"update {a} it=1" for a in AGENTS} <= {a.description for a in progress}
+        assert any(a.description.startswith("rollouts it=1 rollout") for a in progress)
