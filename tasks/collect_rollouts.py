@@ -51,8 +51,6 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     policy = context.policy(run_dir)
     for agent, v in versions.items():  # the team's model: reference pass, rescoring, the `hf` engine
         policy.load(run_dir, agent, v)
-    engine = context.generation_engine(run_dir)
-    engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
     tok = policy.tokenizer
     seed = context.value(run_dir, "seed")
     problems = _select(run_dir, iteration, phase, split,
@@ -65,10 +63,18 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     plist = [p for p in problems for _ in range(g)]
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
-    with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
-        act = _Team(engine, tok, pipe, cfg.temperature, greedy, advance,
-                    lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n))
-        episodes = pipe.run_episodes(plist, eids, gids, act)
+    if engines.runner == "ray":  # sharded over the rollout actors (tasks/rollout_workers.py)
+        from tasks.rollout_workers import play_on_ray
+
+        episodes = play_on_ray(engines.ray, run_dir, versions, plist, eids, gids, greedy,
+                               (seed, "sample", iteration, phase, part))
+    else:
+        engine = context.generation_engine(run_dir)
+        engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
+        with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
+            act = _Team(engine, tok, pipe, cfg.temperature, greedy, advance,
+                        lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n))
+            episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
         e.metrics["greedy"] = float(greedy)
 
@@ -125,9 +131,10 @@ class _Team:
     """The pipeline's `Act`: batched generation per agent (the generation engine), the tokenizer, and
     System-1 extraction."""
 
-    def __init__(self, engine, tokenizer, pipe, temperature, greedy, advance, seed_of):
+    def __init__(self, engine, tokenizer, pipe, temperature, greedy, advance, seed_of, in_flow: bool = True):
         self.engine, self.tokenizer, self.pipe = engine, tokenizer, pipe
         self.temperature, self.greedy, self.advance, self.seed_of = temperature, greedy, advance, seed_of
+        self.in_flow = in_flow  # False in a Ray actor: `extract` runs as a plain function there
         self.calls = 0  # an agent may act on several turns: each call gets its own seed
 
     def __call__(self, agent: str, prompts: list) -> list:
@@ -140,7 +147,7 @@ class _Team:
         return out
 
     def extract(self, calls: list) -> list:
-        return extract(self.pipe, self, calls, self.pipe.cfg.bin_tokens)
+        return (extract if self.in_flow else extract.fn)(self.pipe, self, calls, self.pipe.cfg.bin_tokens)
 
 
 def _key(ctx, params) -> str:

@@ -9,6 +9,21 @@ from infra.engines.vllm import VLLMConfig
 from infra.engines.zero import DeepSpeedConfig
 
 
+class RayConfig(BaseModel):
+    """Where the rollout workers run when `engines.runner` is `ray`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field("auto", description="Ray cluster to join: `auto` (the cluster `ray start` made on this "
+                         "machine), `HOST:PORT` of the head node, or `local` (start a private one-node Ray)")
+    rollout_workers: int = Field(2, ge=1, le=1024, description="rollout actors, each holding the team's model")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves per actor")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs Ray reserves per actor (fractions share one GPU)")
+    placement: str = Field("spread", pattern="^(spread|strict_spread|pack)$",
+                           description="placement group strategy: spread (over nodes when possible), "
+                           "strict_spread (one worker per node, fails if too few nodes) or pack")
+
+
 class EnginesConfig(BaseModel):
     """Where generation and training run. CPU defaults; GPU engines plug in behind the same calls."""
 
@@ -20,7 +35,9 @@ class EnginesConfig(BaseModel):
     trainer: Literal["torch", "deepspeed"] = Field("torch", description="trainer: `torch` (plain PyTorch + AdamW) or "
                                                    "`deepspeed` (the same loss and AdamW under DeepSpeed ZeRO; GPU, "
                                                    "`pip install -e .[gpu]`)")
-    runner: Literal["local"] = Field("local", description="where tasks run: `local` (this process)")
+    runner: Literal["local", "ray"] = Field("local", description="where rollouts run: `local` (this process) or "
+                                            "`ray` (long-lived rollout actors on a Ray cluster, `engines.ray`; "
+                                            "`pip install -e .[ray]`)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="torch device of the team's model (the "
                         "`hf` engine, the reference pass, the trainer): `cpu`, `cuda` or `cuda:N`")
     batch_size: int = Field(16, ge=1, description="sequences per generate / forward call")
@@ -31,3 +48,4 @@ class EnginesConfig(BaseModel):
                                    "the mean gap is logged as `episode/logprob_gap`")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="the `vllm` generation engine's knobs")
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="the `deepspeed` trainer's knobs")
+    ray: RayConfig = Field(default_factory=RayConfig, description="the `ray` runner's cluster and rollout workers")

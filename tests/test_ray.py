@@ -1,0 +1,82 @@
+"""`engines.runner: ray` on a real two-node Ray cluster on loopback: `ray start --head` and a second
+`ray start --address`, each with its own temp dir and one CPU; a tiny training iteration whose rollouts
+are played by two actors placed one per node (strict_spread); both nodes are stopped afterwards.
+
+Skipped when Ray is not installed (`pip install -e .[ray]`), unless TEAMRL_REQUIRE_RAY=1 (CI)."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent))
+pytestmark = pytest.mark.slow
+if RAY is None:
+    if os.environ.get("TEAMRL_REQUIRE_RAY") == "1":
+        pytest.fail("TEAMRL_REQUIRE_RAY=1 but Ray is not installed (pip install -e .[ray])", pytrace=False)
+    pytest.skip("Ray is not installed (pip install -e .[ray])", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two Ray nodes on 127.0.0.1 with separate temp dirs; workers import this checkout's code."""
+    port = _free_port()
+    env = os.environ | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
+                        "TEAMRL_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(200 * 2**20)]
+    head, worker = tmp_path_factory.mktemp("ray-head"), tmp_path_factory.mktemp("ray-worker")
+    try:
+        subprocess.run([RAY, "start", "--head", "--port", str(port), "--temp-dir", str(head), "--include-dashboard",
+                        "false", "--disable-usage-stats", *common], env=env, check=True, timeout=180,
+                       capture_output=True)
+        subprocess.run([RAY, "start", "--address", f"127.0.0.1:{port}", "--temp-dir", str(worker), *common], env=env,
+                       check=True, timeout=180, capture_output=True)
+        yield f"127.0.0.1:{port}"
+    finally:
+        import ray
+
+        ray.shutdown()
+        subprocess.run([RAY, "stop", "--force"], env=env, timeout=120, capture_output=True)
+
+
+def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path):
+    import ray
+
+    from flows.train import train
+    from infra import store
+    from tasks import rollout_workers
+
+    run_dir = train(config=tiny_config(tmp_path, "run.id=ray", "iterations=1", "evaluate=false",
+                                       "engines.runner=ray", f"engines.ray.address={cluster}",
+                                       "engines.ray.rollout_workers=2", "engines.ray.placement=strict_spread"))
+    nodes = rollout_workers.placement()
+    assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
+    assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
+    eps = store.read_table(run_dir, "episodes", 1, "rollout")
+    acts = store.load_actions(run_dir, 1, "rollout")
+    assert len(eps) == 8 and eps["episode_id"].is_unique  # 4 questions x group of 2, in order
+    assert eps["episode_id"].tolist() == sorted(eps["episode_id"])
+    assert set(acts["agent"]) == {"solver", "executor", "verifier"} and acts["score"].notna().all()
+    assert all(len(r) == len(lp) > 0 for r, lp in zip(acts["response_ids"], acts["logprobs"]))
+    assert set(store.read_table(run_dir, "updates")["agent"]) == {"solver", "executor", "verifier"}
+
+
+def test_shards_keep_groups_whole():
+    from tasks.rollout_workers import shards
+
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    parts = shards(groups, 2)
+    assert [list(r) for r in parts] == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]
+    assert [list(r) for r in shards(groups, 9)] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # at most one per group
+    assert sum(len(r) for r in shards(groups, 3)) == len(groups)
