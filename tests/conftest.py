@@ -66,3 +66,12 @@ def mars_run(prefect_harness, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     return root, train(config=load_config("deepresearch-tiny", [f"run.dir={root}", "run.id=mars", *MARS]))
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """Two agents, `a` and `b`, as LoRA adapters on the tiny model (one per test module)."""
+    from infra.models import ModelConfig
+    from infra.policy import TeamPolicy
+
+    return TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8), ["a", "b"], seed=0)

@@ -1,0 +1,240 @@
+"""The `vllm` generation engine, checked on a CPU: request translation (sampling parameters, one LoRA
+adapter per agent, our log-prob convention), adapter versions after an update, response translation,
+and the whole engine against a fake `vllm` module."""
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.engines.types import GenerationRequest
+from infra.engines.vllm import (LOGPROBS_MODE, AdapterTable, VLLMConfig, llm_kwargs, prompt_inputs, sampled_logprobs,
+                                sampling_kwargs, to_generation, to_generations, vllm_lora_rank)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+
+# -- vLLM: request translation -----------------------------------------------------------------------
+def _req(**kw):
+    return GenerationRequest("solver", [[1, 2, 3], [1, 2, 3], [4]], 16, **kw)
+
+
+def test_sampled_requests_get_temperature_logprobs_and_a_seed_per_prompt():
+    kws = sampling_kwargs(_req(temperature=0.7, seed=41), stop_ids=[2])
+    assert len(kws) == 3
+    for kw in kws:
+        assert kw["temperature"] == 0.7 and kw["logprobs"] == 0 and kw["max_tokens"] == 16 and kw["n"] == 1
+        assert kw["stop_token_ids"] == [2] and kw["detokenize"] is False and kw["top_p"] == 1.0
+        assert "top_k" not in kw  # left at vLLM's default: off in every version
+    assert [kw["seed"] for kw in kws] == [41, 42, 43]  # a GRPO group's duplicated prompts sample differently
+    assert prompt_inputs(_req()) == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [1, 2, 3]},
+                                     {"prompt_token_ids": [4]}]
+
+
+def test_greedy_requests_are_temperature_zero_without_seed():
+    for kw in sampling_kwargs(_req(greedy=True, temperature=0.7, seed=5), stop_ids=[9, 2]):
+        assert kw["temperature"] == 0.0 and "seed" not in kw and kw["logprobs"] == 0 and kw["stop_token_ids"] == [2, 9]
+
+
+def test_llm_is_built_for_our_logprob_convention_and_one_adapter_per_agent():
+    kw = llm_kwargs("Qwen/Qwen3-4B-Instruct-2507", "bfloat16", 3, VLLMConfig(), n_agents=3, lora_rank=12)
+    assert kw["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"  # log softmax(logits / T), as ours
+    assert kw["generation_config"] == "vllm"  # no sampling defaults or stop tokens from the model's files
+    assert kw["enable_lora"] and kw["max_loras"] == 3 and kw["max_lora_rank"] == 16 and kw["seed"] == 3
+    assert "max_model_len" not in kw
+    kw = llm_kwargs("m", "bfloat16", 0, VLLMConfig(max_loras=1, max_lora_rank=64, max_model_len=4096,
+                                                   enable_sleep_mode=True), n_agents=3, lora_rank=16)
+    assert kw["max_loras"] == 1 and kw["max_lora_rank"] == 64 and kw["max_model_len"] == 4096
+    assert kw["enable_sleep_mode"] is True
+
+
+def test_lora_rank_rounds_up_to_one_vllm_serves():
+    assert [vllm_lora_rank(r) for r in (1, 8, 9, 16, 100, 300, 512)] == [8, 8, 16, 16, 128, 320, 512]
+    with pytest.raises(ValueError, match="above the largest"):
+        vllm_lora_rank(513)
+
+
+# -- vLLM: adapters and weight sync ------------------------------------------------------------------
+def test_adapter_versions_get_new_ids_and_names_and_retire_the_old():
+    t = AdapterTable()
+    assert t.point("solver", None) is None and t.current("solver") is None
+    a1 = t.point("solver", "/run/checkpoints/solver/v0001", stamp=10)
+    b1 = t.point("verifier", "/run/checkpoints/verifier/v0001", stamp=10)
+    assert (a1.int_id, b1.int_id) == (1, 2) and a1.name != b1.name
+    assert t.point("solver", "/run/checkpoints/solver/v0001", stamp=10) is a1  # unchanged: nothing reloads
+    assert t.take_retired() == []
+    a2 = t.point("solver", "/run/checkpoints/solver/v0002", stamp=11)  # after an update
+    assert a2.int_id == 3 and a2.name not in (a1.name, b1.name) and t.current("solver") is a2
+    a2b = t.point("solver", "/run/checkpoints/solver/v0002", stamp=12)  # the same folder rewritten
+    assert a2b.int_id == 4
+    assert t.take_retired() == [1, 3] and t.take_retired() == []
+    assert a2b.lora_request_kwargs() == {"lora_name": a2b.name, "lora_int_id": 4,
+                                         "lora_path": "/run/checkpoints/solver/v0002"}
+
+
+# -- vLLM: response translation ----------------------------------------------------------------------
+@dataclass
+class Logprob:  # vLLM's shape
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def _completion(ids, finish="stop", extra=True):
+    lps = []
+    for i, t in enumerate(ids):
+        step = {t: Logprob(-0.1 * (i + 1), rank=1)}
+        if extra:  # with logprobs=k vLLM adds the top-k tokens: only the sampled one counts
+            step[t + 1000] = Logprob(-9.0, rank=2)
+        lps.append(step)
+    return types.SimpleNamespace(token_ids=ids, logprobs=lps, finish_reason=finish, text="", index=0)
+
+
+def test_completion_becomes_our_generation_with_logprobs_in_order():
+    g = to_generation([7, 8], _completion([5, 6, 2], "stop"), decode=lambda ids: " ".join(map(str, ids)))
+    assert g.prompt_ids == [7, 8] and g.response_ids == [5, 6, 2]
+    assert g.logprobs == pytest.approx([-0.1, -0.2, -0.3]) and g.text == "5 6 2" and g.truncated is False
+    assert to_generation([7], _completion([5, 6], "length"), str).truncated is True
+    plain = {"token_ids": [3], "logprobs": [{3: -1.5}], "finish_reason": "length"}  # plain dicts and floats too
+    assert to_generation([1], plain, str).logprobs == [-1.5]
+
+
+def test_bad_completions_are_refused_with_a_reason():
+    with pytest.raises(RuntimeError, match="finish_reason='abort'"):
+        to_generation([1], _completion([5], "abort"), str)
+    with pytest.raises(ValueError, match="logprobs=0"):
+        to_generation([1], {"token_ids": [5], "logprobs": None, "finish_reason": "stop"}, str)
+    with pytest.raises(ValueError, match="lack the sampled token 5"):
+        sampled_logprobs([5], [{6: -1.0}])
+    with pytest.raises(ValueError, match="2 log-prob entries for 1 tokens"):
+        sampled_logprobs([5], [{5: -1.0}, {5: -1.0}])
+
+
+def test_outputs_map_back_to_prompts_in_order():
+    req = GenerationRequest("a", [[1], [2, 3]], 4)
+    outs = [types.SimpleNamespace(prompt_token_ids=[1], outputs=[_completion([9])]),
+            types.SimpleNamespace(prompt_token_ids=[2, 3], outputs=[_completion([8, 7], "length")])]
+    gens = to_generations(req, outs, str)
+    assert [g.response_ids for g in gens] == [[9], [8, 7]] and [g.truncated for g in gens] == [False, True]
+    with pytest.raises(RuntimeError, match="not in prompt order"):
+        to_generations(req, outs[::-1], str)
+    with pytest.raises(RuntimeError, match="answered 1 of 2"):
+        to_generations(req, outs[:1], str)
+
+
+# -- vLLM: the engine against a fake vllm module ------------------------------------------------------
+class FakeLLM:
+    instances: list = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.removed, self.events = kwargs, [], [], []
+        self.llm_engine = types.SimpleNamespace(remove_lora=self.removed.append)
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+        self.calls.append((prompts, params, lora_request))
+        self.events.append("generate")
+        return [types.SimpleNamespace(prompt_token_ids=p["prompt_token_ids"],
+                                      outputs=[_completion([10 + i, 2] if i % 2 == 0 else [10 + i, 11],
+                                                           "stop" if i % 2 == 0 else "length")])
+                for i, p in enumerate(prompts)]
+
+    def sleep(self, level):
+        self.events.append(f"sleep{level}")
+
+    def wake_up(self):
+        self.events.append("wake")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = FakeLLM
+    vllm.SamplingParams = lambda **kw: dict(kw)
+    lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+
+    @dataclass(frozen=True)
+    class LoRARequest:
+        lora_name: str
+        lora_int_id: int
+        lora_path: str
+
+    request.LoRARequest = LoRARequest
+    for name, mod in (("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    FakeLLM.instances = []
+    return FakeLLM
+
+
+class FakeTokenizer:
+    eos_token_id = 2
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids if not (skip_special_tokens and i == 2))
+
+
+def _checkpoint(run, agent, version):
+    from infra.policy import checkpoint_dir
+
+    d = checkpoint_dir(run, agent, version)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "adapter_model.safetensors").write_bytes(b"weights")
+    (d / "adapter_config.json").write_text("{}")
+    return d
+
+
+def test_vllm_engine_serves_each_agent_its_latest_adapter(fake_vllm, tmp_path):
+    from infra.engines.config import EnginesConfig
+    from infra.engines.vllm import VLLMGeneration
+    from infra.models import ModelConfig
+
+    engines = EnginesConfig(generation="vllm", vllm=VLLMConfig(enable_sleep_mode=True))
+    mcfg = ModelConfig(name="Qwen/Qwen3-4B-Instruct-2507", dtype="bfloat16", lora_rank=16)
+    eng = VLLMGeneration(types.SimpleNamespace(tokenizer=FakeTokenizer()), mcfg, engines, ["solver", "verifier"], 7)
+    llm = fake_vllm.instances[0]
+    assert llm.kwargs["model"] == "Qwen/Qwen3-4B-Instruct-2507" and llm.kwargs["max_loras"] == 2
+    assert llm.kwargs["dtype"] == "bfloat16" and llm.kwargs["seed"] == 7
+
+    eng.use(tmp_path, {"solver": 0, "verifier": 0})  # nothing saved yet: the base model (initial LoRA = identity)
+    gens = eng.generate(GenerationRequest("solver", [[1, 2], [3]], 8, temperature=0.7, seed=100))
+    prompts, params, lora = llm.calls[-1]
+    assert lora is None and prompts == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
+    assert [p["seed"] for p in params] == [100, 101] and params[0]["stop_token_ids"] == [2]
+    assert [g.response_ids for g in gens] == [[10, 2], [11, 11]] and [g.truncated for g in gens] == [False, True]
+    assert gens[0].text == "10" and gens[0].logprobs == pytest.approx([-0.1, -0.2])
+
+    v1 = _checkpoint(tmp_path, "solver", 1)
+    eng.use(tmp_path, {"solver": 1, "verifier": 0})
+    eng.generate(GenerationRequest("solver", [[1]], 8))
+    first = llm.calls[-1][2]
+    assert first.lora_path == str(v1.resolve()) and first.lora_int_id == 1
+    eng.generate(GenerationRequest("verifier", [[1]], 8))
+    assert llm.calls[-1][2] is None  # each agent its own adapter
+
+    eng.sleep()  # the update runs
+    v2 = _checkpoint(tmp_path, "solver", 2)
+    eng.use(tmp_path, {"solver": 2, "verifier": 0})  # the weight sync after the update
+    eng.generate(GenerationRequest("solver", [[1]], 8, greedy=True))
+    second = llm.calls[-1][2]
+    assert second.lora_path == str(v2.resolve()) and second.lora_int_id == 2 and second.lora_name != first.lora_name
+    assert llm.removed == [1]  # the old version leaves vLLM's cache
+    assert llm.calls[-1][1][0]["temperature"] == 0.0
+    assert llm.events[-3:] == ["sleep1", "wake", "generate"]
+    with pytest.raises(FileNotFoundError, match="v0003"):
+        eng.use(tmp_path, {"solver": 3})
+
+
+def test_vllm_engine_refuses_full_weights(fake_vllm):
+    from infra.engines.config import EnginesConfig
+    from infra.engines.vllm import VLLMGeneration
+    from infra.models import ModelConfig
+
+    with pytest.raises(ValueError, match="model.weights=lora"):
+        VLLMGeneration(types.SimpleNamespace(tokenizer=FakeTokenizer()), ModelConfig(name="m", weights="full"),
+                       EnginesConfig(generation="vllm"), ["a"], 0)
+
+
