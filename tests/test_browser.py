@@ -7,13 +7,14 @@ Skipped when Chromium is not installed (`make browser` installs it), unless TEAM
 (CI), which turns the skip into a failure."""
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from infra.engines.zero import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -25,18 +26,12 @@ if not (CHROMIUM and DRIVER):
     pytest.skip("chromium and chromium-driver are not installed (make browser)", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Prefect server + work pool + deployments + worker + MLflow UI, on free ports, state in a temp dir."""
     state, runs = tmp_path_factory.mktemp("server"), tmp_path_factory.mktemp("runs")
-    env = os.environ | {"SERVER_STATE": str(state), "RUNS": str(runs), "PREFECT_PORT": str(_free_port()),
-                        "MLFLOW_PORT": str(_free_port())}
+    env = os.environ | {"SERVER_STATE": str(state), "RUNS": str(runs), "PREFECT_PORT": str(free_port()),
+                        "MLFLOW_PORT": str(free_port())}
     env.pop("PREFECT_API_URL", None)
     script = str(ROOT / "infra" / "server.sh")
     try:

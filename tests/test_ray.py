@@ -5,13 +5,14 @@ are played by two actors placed one per node (strict_spread); both nodes are sto
 Skipped when Ray is not installed (`pip install -e .[ray]`), unless TEAMRL_REQUIRE_RAY=1 (CI)."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import tiny_config
+
+from infra.engines.zero import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent))
@@ -22,16 +23,10 @@ if RAY is None:
     pytest.skip("Ray is not installed (pip install -e .[ray])", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Two Ray nodes on 127.0.0.1 with separate temp dirs; workers import this checkout's code."""
-    port = _free_port()
+    port = free_port()
     env = os.environ | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
                         "TEAMRL_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(200 * 2**20)]
