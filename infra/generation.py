@@ -3,7 +3,10 @@ log-probs (the `hf` engine, infra/engines/hf.py), and batched log-prob scoring o
 reference policy, the trainers)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from infra.engines.config import EnginesConfig  # noqa: F401  (re-exported: the run config's `engines` section)
 from infra.engines.types import Generation, GenerationRequest  # noqa: F401  (re-exported)
@@ -24,39 +27,61 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
+class StopOnText(StoppingCriteria):
+    """Ends each row once its generated text (the prompt not included) contains one of `stops`."""
+
+    def __init__(self, tokenizer, stops: Sequence[str], prompt_len: int):
+        self.tokenizer, self.stops, self.prompt_len = tokenizer, tuple(stops), prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
+
+
+def response_end(tokenizer, toks: list[int], stop_ids: set[int], stop_strings: Sequence[str]) -> int | None:
+    """How many tokens the response keeps: through the first stop token or the token that completes a
+    stop string, whichever comes first (None: neither, the response was cut at its budget)."""
+    end = next((k + 1 for k, t in enumerate(toks) if t in stop_ids), None)
+    text = tokenizer.decode(toks[:end], skip_special_tokens=True)
+    if not any(s in text for s in stop_strings):
+        return end
+    return next(k for k in range(1, len(toks) + 1)
+                if any(s in tokenizer.decode(toks[:k], skip_special_tokens=True) for s in stop_strings))
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-             greedy: bool = False, batch_size: int = 16, stop_ids: list[int] | None = None) -> list[Generation]:
-    """Sample one response per prompt. Log-probs are of the sampling distribution, softmax(logits / T)
-    (greedy: T = 1), so training with the same T is on-policy."""
+             greedy: bool = False, batch_size: int = 16, stop_ids: list[int] | None = None,
+             stop_strings: Sequence[str] = ()) -> list[Generation]:
+    """Sample one response per prompt, ending at a stop token (default: end of sequence) or once the
+    response's text contains a stop string (kept in the response). Log-probs are of the sampling
+    distribution, softmax(logits / T) (greedy: T = 1), so training with the same T is on-policy."""
     stop = set(stop_ids or [tokenizer.eos_token_id])
-    out: list[Generation] = []
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
     results: dict[int, Generation] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         ids, mask = _left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
         ids, mask = ids.to(_device(model)), mask.to(_device(model))
+        criteria = StoppingCriteriaList([StopOnText(tokenizer, stop_strings, ids.shape[1])] if stop_strings else [])
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                              do_sample=not greedy, temperature=temperature if not greedy else None,
                              top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
-                             output_logits=True, return_dict_in_generate=True)
+                             stopping_criteria=criteria, output_logits=True, return_dict_in_generate=True)
         new = gen.sequences[:, ids.shape[1]:]
         t = 1.0 if greedy else temperature
         logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float() / t, dim=-1)
         chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         for row, i in enumerate(idx):
             toks = new[row].tolist()
-            end = next((k + 1 for k, t in enumerate(toks) if t in stop), None)
-            n = end if end is not None else len(toks)
-            resp = toks[:n]
+            end = response_end(tokenizer, toks, stop, stop_strings)
+            resp = toks[:end if end is not None else len(toks)]
             results[i] = Generation(prompt_ids=list(prompts[i]), response_ids=resp,
-                                    logprobs=chosen[row, :n].tolist(),
+                                    logprobs=chosen[row, :len(resp)].tolist(),
                                     text=tokenizer.decode(resp, skip_special_tokens=True),
                                     truncated=end is None)
-    out = [results[i] for i in range(len(prompts))]
-    return out
+    return [results[i] for i in range(len(prompts))]
 
 
 def response_logits(model, prompts: list[list[int]], responses: list[list[int]],

@@ -140,9 +140,11 @@ class _Team:
     def __call__(self, agent: str, prompts: list) -> list:
         self.calls += 1
         ids = [p if p and isinstance(p[0], int) else encode_chat(self.tokenizer, p) for p in prompts]
-        out = self.engine.generate(GenerationRequest(agent, ids, self.pipe.cfg.max_new_tokens.get(agent, 64),
+        cfg = self.pipe.cfg  # a pipeline's budget per agent, and its stop strings where it has them
+        out = self.engine.generate(GenerationRequest(agent, ids, cfg.max_new_tokens.get(agent, 64),
                                                      temperature=self.temperature, greedy=self.greedy,
-                                                     seed=self.seed_of(agent, self.calls)))
+                                                     seed=self.seed_of(agent, self.calls),
+                                                     stop_strings=tuple(getattr(cfg, "stop", ()))))
         self.advance()
         return out
 

@@ -51,7 +51,8 @@ class ScriptedTeam:
 @pytest.fixture(scope="module")
 def pipe():
     """Replies are whole programs here: no examples in the prompts, no prefilled reply start."""
-    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold="none")
+    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold="none",
+                        stop=[])
     return DSBench(cfg, seed=0)
 
 
@@ -117,6 +118,12 @@ def test_failed_modeler_is_blamed_not_the_analyst(pipe):
     broken = GOOD | {"modeler": "```python\nraise SystemExit('no model')\n```"}
     (ep,) = pipe.run_episodes(pipe.problems("train")[1:2], ["e"], ["g"], ScriptedTeam(broken))
     assert [s for s, _ in rubric_scores(ep)] == [pytest.approx(6.0), 0.0, 5.0]  # outcome 0: 6 + 4 * 0
+
+
+def test_stop_strings_need_a_scaffold():
+    with pytest.raises(ValueError, match="needs scaffold fence or head"):
+        DSBenchConfig(scaffold="none")
+    assert DSBenchConfig().stop == ["```", "\n\n"] and DSBenchConfig(scaffold="fence").stop
 
 
 def test_coach_bias_divergence():

@@ -93,6 +93,42 @@ def test_hf_engine_is_the_generate_it_wraps(policy):
     assert [g.logprobs for g in via] == [g.logprobs for g in direct]
 
 
+class _Chars:
+    """A tokenizer whose token t is the character chr(t)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(t) for t in ids)
+
+
+def test_response_end_is_the_first_stop_token_or_stop_string():
+    from infra.generation import response_end
+
+    toks = [ord(c) for c in "ab```cd"]
+    assert response_end(_Chars(), toks, set(), ("```",)) == 5         # through the token completing the stop string
+    assert response_end(_Chars(), toks, {ord("b")}, ("```",)) == 2    # the stop token comes first
+    assert response_end(_Chars(), toks, {ord("d")}, ("```",)) == 5
+    assert response_end(_Chars(), toks, set(), ("zz",)) is None       # neither: cut at the budget
+    assert response_end(_Chars(), toks, set(), ("zz", "\n\n")) is None
+    assert response_end(_Chars(), toks, set(), ()) is None
+
+
+def test_stop_strings_end_a_row_and_leave_its_batch_mates(policy):
+    from infra.generation import generate
+
+    prompts = [[1, 5, 9, 12], [1, 7, 3]]
+    with policy.acting("a") as m:
+        free = generate(m, policy.tokenizer, prompts, 12, greedy=True, batch_size=4, stop_ids=[-1])
+        decode = policy.tokenizer.decode
+        stop = decode(free[0].response_ids[:4])[-2:]  # a string that completes within the first 4 tokens
+        cut = generate(m, policy.tokenizer, prompts, 12, greedy=True, batch_size=4, stop_ids=[-1],
+                       stop_strings=(stop,))
+    k = next(k for k in range(1, 5) if stop in decode(free[0].response_ids[:k]))
+    assert cut[0].response_ids == free[0].response_ids[:k] and not cut[0].truncated and cut[0].text.endswith(stop)
+    assert cut[0].logprobs == pytest.approx(free[0].logprobs[:k])
+    if stop not in free[1].text:  # the other row runs to its budget, as before
+        assert cut[1].response_ids == free[1].response_ids and cut[1].truncated
+
+
 def test_rescore_replaces_engine_logprobs_with_the_trainers(policy):
     from infra.generation import score_logprobs
     from tasks.collect_rollouts import rescore

@@ -40,6 +40,11 @@ def test_greedy_requests_are_temperature_zero_without_seed():
         assert kw["temperature"] == 0.0 and "seed" not in kw and kw["logprobs"] == 0 and kw["stop_token_ids"] == [2, 9]
 
 
+def test_stop_strings_turn_on_the_detokenizer_and_stay_in_the_output():
+    for kw in sampling_kwargs(_req(stop_strings=("```", "\n\n")), stop_ids=[2]):
+        assert kw["stop"] == ["```", "\n\n"] and kw["include_stop_str_in_output"] is True and kw["detokenize"]
+
+
 def test_llm_is_built_for_our_logprob_convention_and_one_adapter_per_agent():
     kw = llm_kwargs("Qwen/Qwen3-4B-Instruct-2507", "bfloat16", 3, VLLMConfig(), n_agents=3, lora_rank=12)
     assert kw["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"  # log softmax(logits / T), as ours

@@ -24,7 +24,8 @@ class HFGeneration:
         with self.policy.acting(request.agent) as model:
             return generate(model, self.policy.tokenizer, request.prompts, request.max_new_tokens,
                             temperature=request.temperature, greedy=request.greedy, batch_size=self.batch_size,
-                            stop_ids=list(request.stop_ids) if request.stop_ids else None)
+                            stop_ids=list(request.stop_ids) if request.stop_ids else None,
+                            stop_strings=request.stop_strings)
 
     def sleep(self) -> None:
         pass

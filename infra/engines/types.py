@@ -24,7 +24,8 @@ class GenerationRequest:
     """One batched generation by one agent: a response per prompt.
 
     `seed` seeds the sampling (the engine derives one seed per prompt from it, so duplicated prompts,
-    e.g. a GRPO group, get different samples); `stop_ids` None = the tokenizer's end-of-sequence token.
+    e.g. a GRPO group, get different samples); `stop_ids` None = the tokenizer's end-of-sequence token;
+    `stop_strings`: a response also ends once its text contains one of them (kept in the response).
     """
 
     agent: str
@@ -34,6 +35,7 @@ class GenerationRequest:
     greedy: bool = False
     seed: int = 0
     stop_ids: tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = ()
 
 
 class GenerationEngine(Protocol):

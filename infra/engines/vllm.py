@@ -89,9 +89,12 @@ def llm_kwargs(model: str, dtype: str, seed: int, cfg: VLLMConfig, n_agents: int
 
 def sampling_kwargs(req: GenerationRequest, stop_ids: Sequence[int]) -> list[dict]:
     """`SamplingParams(**kw)` per prompt: greedy = temperature 0 (vLLM's greedy; no seed needed),
-    sampled = temperature T with top-k / top-p off and its own seed per prompt."""
+    sampled = temperature T with top-k / top-p off and its own seed per prompt. Stop strings need
+    vLLM's detokenizer and stay in the output, as with the `hf` engine."""
     base = {"n": 1, "max_tokens": req.max_new_tokens, "logprobs": 0, "stop_token_ids": sorted(stop_ids),
-            "detokenize": False, "top_p": 1.0}
+            "detokenize": bool(req.stop_strings), "top_p": 1.0}
+    if req.stop_strings:
+        base |= {"stop": list(req.stop_strings), "include_stop_str_in_output": True}
     if req.greedy:
         return [base | {"temperature": 0.0} for _ in req.prompts]
     return [base | {"temperature": req.temperature, "seed": (req.seed + i) % SEED_MOD}

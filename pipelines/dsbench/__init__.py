@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import encode_chat
 from infra.sandbox import SandboxConfig, run_python, use_bwrap
@@ -48,10 +48,23 @@ class DSBenchConfig(BaseModel):
         "head", description="what each reply starts with (prompt tokens, not trained): none; fence: a ```python "
         "block; head: the block and the example program's opening lines (reading the inputs), so the agent "
         "writes the step itself (HEAD_LINES)")
+    stop: list[str] = Field(
+        default_factory=lambda: ["```", "\n\n"],
+        description="a reply ends where its text first contains one of these (kept in the reply; HumanEval-style "
+        "stop sequences): the block's closing fence, or a blank line, so a program is its first block of lines and "
+        "cannot run on into the budget. Needs a scaffold (the opening fence in the prompt); [] to turn off")
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(timeout_s=30, cpu_s=30, memory_mb=2048, site_packages=True),
         description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
         "(the sandbox interpreter must have them: `make` installs Debian's python3-sklearn)")
+
+
+    @model_validator(mode="after")
+    def _stop_needs_a_scaffold(self):
+        if self.scaffold == "none" and self.stop:
+            raise ValueError(f"pipeline.stop={self.stop} needs scaffold fence or head: with scaffold none the reply "
+                             "opens its own ```python block and would stop there; set pipeline.stop=[] too")
+        return self
 
 
 ROLES = {
