@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: install bwrap sandbox-python browser demo test server server-stop clean
+.PHONY: install bwrap sandbox-python browser demo test bench server server-stop clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,6 +45,11 @@ demo: install
 
 test: install browser
 	TEAMRL_PROGRESS=0 $(PY) -m pytest -q
+
+# performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine
+bench: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m benchmarks.run_all $(ARGS)
 
 # Prefect server + work pool + deployments + worker, and the MLflow UI, on 127.0.0.1 (infra/server.sh)
 server: install
