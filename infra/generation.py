@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from infra.engines.config import EnginesConfig  # noqa: F401  (re-exported: the run config's `engines` section)
 from infra.engines.types import Generation, GenerationRequest  # noqa: F401  (re-exported)
@@ -25,6 +25,30 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
         ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
         mask[i, n - len(s):] = 1
     return ids, mask
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records log softmax(logits / T) of each token as it is sampled, keeping one step's distribution
+    instead of every step's logits (`output_logits` holds [B, T, V] floats: 0.4 GB for 16 x 128 tokens
+    of a 49k vocabulary). It runs before the sampling warpers, so it sees the model's raw logits."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.prev, self.chosen = temperature, None, []
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.chosen.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:  # the token sampled from the previous step's distribution
+            self._take(input_ids[:, -1])
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] log-probs of the generated tokens (the last step's taken from the final sequences)."""
+        if self.prev is not None and len(self.chosen) < new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        return torch.stack(self.chosen, dim=1) if self.chosen else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
 
 
 class StopOnText(StoppingCriteria):
@@ -64,15 +88,14 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
         ids, mask = _left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
         ids, mask = ids.to(_device(model)), mask.to(_device(model))
         criteria = StoppingCriteriaList([StopOnText(tokenizer, stop_strings, ids.shape[1])] if stop_strings else [])
-        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                             do_sample=not greedy, temperature=temperature if not greedy else None,
-                             top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
-                             stopping_criteria=criteria, output_logits=True, return_dict_in_generate=True)
-        new = gen.sequences[:, ids.shape[1]:]
-        t = 1.0 if greedy else temperature
-        logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float() / t, dim=-1)
-        chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        record = SampledLogprobs(1.0 if greedy else temperature)
+        seqs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                              do_sample=not greedy, temperature=temperature if not greedy else None,
+                              top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
+                              logits_processor=LogitsProcessorList([record]), stopping_criteria=criteria)
+        new = seqs[:, ids.shape[1]:]
+        chosen = record.logprobs(new)
         for row, i in enumerate(idx):
             toks = new[row].tolist()
             end = response_end(tokenizer, toks, stop, stop_strings)

@@ -129,6 +129,24 @@ def test_stop_strings_end_a_row_and_leave_its_batch_mates(policy):
         assert cut[1].response_ids == free[1].response_ids and cut[1].truncated
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
+    """What generate records step by step (SampledLogprobs) is log softmax(logits / T) of the sampled
+    tokens, as scoring the finished responses gives it (greedy: T = 1)."""
+    import torch
+
+    from infra.generation import generate, score_logprobs
+
+    prompts = [[1, 5, 9, 12], [1, 7], [3, 3, 3, 3, 3, 3]]
+    torch.manual_seed(5)
+    with policy.acting("b") as m:
+        gens = generate(m, policy.tokenizer, prompts, 9, temperature=0.7, greedy=greedy, batch_size=2)
+        want = score_logprobs(m, prompts, [g.response_ids for g in gens], policy.tokenizer.pad_token_id,
+                              temperature=1.0 if greedy else 0.7)
+    for g, w in zip(gens, want):
+        assert len(g.response_ids) == len(g.logprobs) == 9 and g.logprobs == pytest.approx(w, abs=1e-4)
+
+
 def test_rescore_replaces_engine_logprobs_with_the_trainers(policy):
     from infra.generation import score_logprobs
     from tasks.collect_rollouts import rescore
