@@ -20,7 +20,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import Section, Target, machine, median_seconds
+from benchmarks.common import Section, Target, median_seconds
 
 
 def _policy(model: str):

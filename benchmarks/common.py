@@ -88,4 +88,5 @@ def machine() -> str:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}, "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads); load average "
+            f"{os.getloadavg()[0]:.1f} (a load above the core count means other work shared the CPUs)")

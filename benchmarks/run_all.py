@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=BENCHES, default=BENCHES)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
-    parts = []
+    parts, start = [], machine()
     for name in a.only:
         print(f"bench {name} ...", flush=True)
         section, seconds = run_one(name, a.quick)
@@ -47,7 +47,8 @@ def main() -> None:
     head = ["# Performance results (`make bench`)", "",
             f"Written by `.venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}"
             f"{' --only ' + ' '.join(a.only) if a.only != BENCHES else ''}` on "
-            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "", f"Machine: {machine()}.", "",
+            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "", f"Machine at the start: {start}.",
+            f"At the end: {machine()}.", "",
             "Figures are medians of repeated runs; each ratio compares two things measured in the same run. "
             "How each is measured: the module docstring of `benchmarks/bench_<name>.py`.", ""]
     a.out.write_text("\n".join(head) + "\n" + "\n".join(parts))

@@ -12,6 +12,7 @@ import numpy as np
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
@@ -76,26 +77,31 @@ def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
     return out
 
 
-def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
+def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, plain: bool = False,
+                    **kw) -> None:
     """collect_rollouts (System-1 `extract` runs inside, per turn) -> coach_evaluate -> compute_advantages."""
-    timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
-    timed(seconds, "coach_evaluate", coach_evaluate, run_dir, k, phase)
-    timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
+    def call(stage):  # a Prefect task run, or (plain) the task's function
+        return stage.fn if plain else stage
+
+    timed(seconds, "collect_rollouts", call(collect_rollouts), run_dir, k, phase, versions, **kw)
+    timed(seconds, "coach_evaluate", call(coach_evaluate), run_dir, k, phase)
+    timed(seconds, "compute_advantages", call(compute_advantages), run_dir, k, phase)
 
 
-@flow(name="iteration", flow_run_name="iteration-{k}")
-def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
-    """One iteration of the DAG (a sub-flow run `iteration-<k>`); returns its metrics (stage seconds included)."""
+def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int,
+              plain: bool = False) -> dict[str, float]:
+    """One iteration of the DAG; returns its metrics (stage seconds included). `plain`: the tasks' functions
+    called directly, without Prefect task runs (benchmarks/bench_orchestration.py measures the difference)."""
     seconds: dict[str, float] = {}
     versions = store.agent_versions(run_dir, agents, k - 1)
-    score_partition(run_dir, k, "rollout", versions, seconds)
+    score_partition(run_dir, k, "rollout", versions, seconds, plain)
     current = dict(versions)  # the partially updated team
     for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
-            score_partition(run_dir, k, phase, dict(current), seconds, questions=algo.resample_questions)
-        v = timed(seconds, "update", update.with_options(task_run_name=f"update-{agent}"), run_dir, k, phase, agent,
-                  versions[agent])
+            score_partition(run_dir, k, phase, dict(current), seconds, plain, questions=algo.resample_questions)
+        step = update.fn if plain else update.with_options(task_run_name=f"update-{agent}")
+        v = timed(seconds, "update", step, run_dir, k, phase, agent, versions[agent])
         if algo.strategy != "joint":
             current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
@@ -111,6 +117,27 @@ def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig
     m["resample/extra_episodes_frac"] = float(eps.drop("rollout").sum() / eps["rollout"])
     m["resample/extra_tokens_frac"] = float(tokens.drop("rollout").sum() / tokens["rollout"])
     m |= {f"seconds/{s}": v for s, v in seconds.items()}
+    return m
+
+
+@flow(name="iteration", flow_run_name="iteration-{k}")
+def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+    """One iteration of the DAG as a sub-flow run `iteration-<k>`."""
+    return iteration(run_dir, k, agents, algo, seed)
+
+
+def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
+    """Iteration k as `train` runs it: the sub-flow, the coach-bias monitor, MLflow and the table artifact.
+
+    The sub-flow runs without Prefect's flow-run heartbeat: `train`'s own heartbeat covers it, and the
+    engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
+    rd = str(run_dir)
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
+    if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
+        m |= coach_bias_metrics(rd, k, *types)
+    tracker.log_metrics(m, step=k)
+    publish_iteration(run_dir, k, m, agents)
     return m
 
 
@@ -233,11 +260,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 final = evaluate_partition(rd, 0)
                 tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
             for k in range(1, cfg.iterations + 1):
-                m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
-                if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
-                    m |= coach_bias_metrics(rd, k, *types)
-                tracker.log_metrics(m, step=k)
-                publish_iteration(run_dir, k, m, agents)
+                m = train_iteration(run_dir, k, agents, cfg, tracker)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
                             ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):

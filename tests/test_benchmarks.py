@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
 
 from benchmarks import run_all
 from benchmarks.common import Section, Target
@@ -75,4 +74,4 @@ def test_run_all_writes_results_and_reports_a_failing_benchmark(tmp_path, monkey
     text = out.read_text()
     assert "## trl: FAILED" in text and "No module named 'trl'" in text
     assert "## Trajectory store: Parquet partitions vs JSONL dumps" in text and "Parquet / JSONL bytes" in text
-    assert "Machine: " in text and "--only trl store" in text
+    assert "Machine at the start: " in text and "load average" in text and "--only trl store" in text
