@@ -43,7 +43,9 @@ install: $(VENV)/.installed bwrap sandbox-python
 demo: install
 	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)
 
+# the benchmarks' smoke tests (tests/test_benchmarks.py) need TRL, the baseline of benchmarks/bench_trl.py
 test: install browser
+	$(PY) -m pip install -q -e '.[bench]'
 	TEAMRL_PROGRESS=0 $(PY) -m pytest -q
 
 # performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 
 from benchmarks import run_all
 from benchmarks.common import Section, Target
@@ -75,3 +76,26 @@ def test_run_all_writes_results_and_reports_a_failing_benchmark(tmp_path, monkey
     assert "## trl: FAILED" in text and "No module named 'trl'" in text
     assert "## Trajectory store: Parquet partitions vs JSONL dumps" in text and "Parquet / JSONL bytes" in text
     assert "Machine at the start: " in text and "load average" in text and "--only trl store" in text
+
+
+@pytest.mark.slow
+def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
+    """One tiny iteration through `train_iteration` (Prefect, MLflow) and through `iteration(plain=True)`;
+    the benchmark itself checks both wrote the same partitions and tokens."""
+    from benchmarks import bench_orchestration
+
+    s = bench_orchestration.run(quick=True)
+    assert [r["way"] for r in s.rows] == ["Prefect flow + store + MLflow", "plain loop of the task functions"]
+    assert all(r["update"] > 0 and r["collect_rollouts"] > 0 for r in s.rows) and s.targets[0].ratio > 0
+
+
+@pytest.mark.slow
+def test_trl_benchmark_steps_both_trainers():
+    if not os.environ.get("TEAMRL_REQUIRE_TRL"):  # CI requires it: `make test` installs the bench extra
+        pytest.importorskip("trl")
+    from benchmarks import bench_trl
+
+    s = bench_trl.run(quick=True)
+    ours, theirs = s.rows
+    assert ours["trainer"] == "teamrl" and theirs["trainer"].startswith("TRL ")
+    assert ours["completion tokens / step"] > 0 and theirs["completion tokens / step"] > 0

@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import table_content, tiny_config
 
 from infra import store
@@ -211,12 +212,21 @@ def test_teamtr_logs_certificates_and_resample_cost(teamtr_run):
 
 
 def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_harness, tmp_path):
+    """...and so, with one adapter per agent (an agent's update depends on its own weights and the cached
+    rollouts only), computes exactly `joint`'s updates: benchmarks/README.md relies on this."""
+    from safetensors.torch import load_file
+
     from flows.train import train
 
-    run_dir = train(config=tiny_config(tmp_path, "iterations=1", "evaluate=false", "algorithm.strategy=stale"))
+    run_dir = train(config=tiny_config(tmp_path / "stale", "iterations=1", "evaluate=false",
+                                       "algorithm.strategy=stale"))
     up = store.read_table(run_dir, "updates")
     assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
     assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}
+    joint = train(config=tiny_config(tmp_path / "joint", "iterations=1", "evaluate=false"))
+    for a in AGENTS:
+        w = [load_file(Path(d) / "checkpoints" / a / "v0001" / "adapter_model.safetensors") for d in (run_dir, joint)]
+        assert w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])
 
 
 def test_resume_can_extend_a_finished_run_but_not_shorten_it(prefect_harness, tmp_path):
