@@ -50,6 +50,38 @@ def micro_tensors(micro: list[TrainItem], n: int, device) -> tuple[torch.Tensor,
                  ([it.old_logprobs for it in micro], [it.advantages for it in micro], [it.mask for it in micro]))
 
 
+def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: int):
+    """Each epoch, a seeded permutation of `items` cut into minibatches (one optimizer step each)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        order = rng.permutation(len(items))
+        for start in range(0, len(order), minibatch_size):
+            yield [items[i] for i in order[start:start + minibatch_size]]
+
+
+def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable,
+               backward: Callable) -> tuple[float, dict[str, float]]:
+    """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
+
+    `forward(micro, last)` gives the micro-batch's [B, L] log-probs (`last`: the minibatch's final
+    micro-batch). Micro-batches bound activation memory; weighting each one's token-mean loss by its
+    share of the minibatch's tokens makes the summed gradient the minibatch token-mean's."""
+    mb_tokens = max(1, sum(sum(it.mask) for it in mb))
+    loss_sum, stats_sum = 0.0, {}
+    starts = range(0, len(mb), micro_batch_size)
+    for m0 in starts:
+        micro = mb[m0:m0 + micro_batch_size]
+        logp = forward(micro, m0 == starts[-1])
+        old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
+        loss, stats = loss_fn(logp, old, adv, mask)
+        share = mask.sum().item() / mb_tokens
+        backward(loss * share)
+        loss_sum += loss.item() * share
+        for k, v in stats.items():
+            stats_sum[k] = stats_sum.get(k, 0.0) + v * share
+    return loss_sum, stats_sum
+
+
 def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
                 epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
                 optimizer_state: Path | None = None, temperature: float = 1.0,
@@ -71,52 +103,34 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
         else:
             opt.load_state_dict(state)
     backup = [p.detach().clone() for p in params]
-    rng = np.random.default_rng(seed)
     pad = policy.tokenizer.pad_token_id
     losses, stats_acc, tokens, stopped = [], {}, 0, False
     with policy.acting(agent) as model:
-        for _ in range(epochs):
-            if stopped:
+        def forward(micro, last):
+            return response_logprobs(model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad,
+                                     temperature)
+
+        for mb in minibatches(items, epochs, minibatch_size, seed):
+            opt.zero_grad(set_to_none=True)
+            loss_sum, stats = accumulate(mb, micro_batch_size, forward, loss_fn, torch.Tensor.backward)
+            gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if not (math.isfinite(loss_sum) and math.isfinite(gnorm.item())):
+                with torch.no_grad():
+                    for p, b in zip(params, backup):
+                        p.copy_(b)
+                what = "loss" if not math.isfinite(loss_sum) else "gradient norm"
+                return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
+                                   f"non-finite {what}; update skipped, weights restored", {}), None
+            if kl_stop is not None and stats.get("kl", 0.0) > kl_stop:
+                stopped = True
                 break
-            order = rng.permutation(len(items))
-            for start in range(0, len(order), minibatch_size):
-                mb = [items[i] for i in order[start:start + minibatch_size]]
-                mb_tokens = max(1, sum(sum(it.mask) for it in mb))
-                opt.zero_grad(set_to_none=True)
-                loss_sum, stats_sum = 0.0, {}
-                # Micro-batches bound activation memory; weighting each micro-batch's token-mean loss by
-                # its share of the minibatch's tokens makes the summed gradient the minibatch token-mean's.
-                for m0 in range(0, len(mb), micro_batch_size):
-                    micro = mb[m0:m0 + micro_batch_size]
-                    n = max(1, max(len(it.response_ids) for it in micro))
-                    logp = response_logprobs(model, [it.prompt_ids for it in micro],
-                                             [it.response_ids for it in micro], pad, temperature)
-                    old, adv, mask = micro_tensors(micro, n, logp.device)
-                    loss, stats = loss_fn(logp, old, adv, mask)
-                    share = mask.sum().item() / mb_tokens
-                    (loss * share).backward()
-                    loss_sum += loss.item() * share
-                    for k, v in stats.items():
-                        stats_sum[k] = stats_sum.get(k, 0.0) + v * share
-                loss, stats = torch.tensor(loss_sum), stats_sum
-                gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                if not (math.isfinite(loss.item()) and math.isfinite(gnorm.item())):
-                    with torch.no_grad():
-                        for p, b in zip(params, backup):
-                            p.copy_(b)
-                    what = "loss" if not math.isfinite(loss.item()) else "gradient norm"
-                    return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
-                                       f"non-finite {what}; update skipped, weights restored", {}), None
-                if kl_stop is not None and stats.get("kl", 0.0) > kl_stop:
-                    stopped = True
-                    break
-                opt.step()
-                if on_step:
-                    on_step()
-                losses.append(loss.item())
-                tokens += int(sum(sum(it.mask) for it in mb))
-                for k, v in (stats | {"grad_norm": gnorm.item()}).items():
-                    stats_acc.setdefault(k, []).append(v)
+            opt.step()
+            if on_step:
+                on_step()
+            losses.append(loss_sum)
+            tokens += int(sum(sum(it.mask) for it in mb))
+            for k, v in (stats | {"grad_norm": gnorm.item()}).items():
+                stats_acc.setdefault(k, []).append(v)
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
     return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
                        stats), opt.state_dict()

@@ -32,7 +32,7 @@ import torch
 
 from infra.engines.zero import build_zero_config, free_port, single_process_env
 from infra.generation import response_logprobs
-from infra.trainer import TrainItem, TrainResult, micro_tensors
+from infra.trainer import TrainItem, TrainResult, accumulate, minibatches
 
 FORMAT = "deepspeed"
 
@@ -177,50 +177,35 @@ class DeepSpeedTrainer:
             return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
                                f"non-finite {what}; update skipped, weights restored", {}), None
 
-        rng = np.random.default_rng(seed)
+        def forward(micro, last):
+            engine.set_gradient_accumulation_boundary(last)
+            return engine([it.prompt_ids for it in micro], [it.response_ids for it in micro])
+
         losses, stats_acc, tokens, stopped = [], {}, 0, False
         try:
             self._load_moments(engine.optimizer, optimizer_state)
-            for _ in range(epochs):
-                if stopped:
+            for mb in minibatches(items, epochs, minibatch_size, seed):
+                loss_sum, stats_sum = accumulate(mb, micro_batch_size, forward, loss_fn, engine.backward)
+                if not math.isfinite(loss_sum):
+                    return restore("loss")
+                if kl_stop is not None and stats_sum.get("kl", 0.0) > kl_stop:
+                    stopped = True
                     break
-                order = rng.permutation(len(items))
-                for start in range(0, len(order), minibatch_size):
-                    mb = [items[i] for i in order[start:start + minibatch_size]]
-                    mb_tokens = max(1, sum(sum(it.mask) for it in mb))
-                    loss_sum, stats_sum = 0.0, {}
-                    starts = list(range(0, len(mb), micro_batch_size))
-                    for m0 in starts:
-                        micro = mb[m0:m0 + micro_batch_size]
-                        engine.set_gradient_accumulation_boundary(m0 == starts[-1])
-                        logp = engine([it.prompt_ids for it in micro], [it.response_ids for it in micro])
-                        old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
-                        loss, stats = loss_fn(logp, old, adv, mask)
-                        share = mask.sum().item() / mb_tokens
-                        engine.backward(loss * share)
-                        loss_sum += loss.item() * share
-                        for k, v in stats.items():
-                            stats_sum[k] = stats_sum.get(k, 0.0) + v * share
-                    if not math.isfinite(loss_sum):
-                        return restore("loss")
-                    if kl_stop is not None and stats_sum.get("kl", 0.0) > kl_stop:
-                        stopped = True
-                        break
-                    engine.step()  # clips to gradient_clipping, then AdamW
-                    gnorm = engine.get_global_grad_norm()  # None where DeepSpeed did not compute it
-                    if gnorm is not None and not math.isfinite(float(gnorm)):
-                        return restore("gradient norm")  # the torch trainer refuses before the step
-                    if on_step:
-                        on_step()
-                    losses.append(loss_sum)
-                    tokens += int(sum(sum(it.mask) for it in mb))
-                    step_stats = stats_sum | ({} if gnorm is None else {"grad_norm": float(gnorm)})
-                    for k, v in step_stats.items():
-                        stats_acc.setdefault(k, []).append(v)
+                engine.step()  # clips to gradient_clipping, then AdamW
+                gnorm = engine.get_global_grad_norm()  # None where DeepSpeed did not compute it
+                if gnorm is not None and not math.isfinite(float(gnorm)):
+                    return restore("gradient norm")  # the torch trainer refuses before the step
+                if on_step:
+                    on_step()
+                losses.append(loss_sum)
+                tokens += int(sum(sum(it.mask) for it in mb))
+                step_stats = stats_sum | ({} if gnorm is None else {"grad_norm": float(gnorm)})
+                for k, v in step_stats.items():
+                    stats_acc.setdefault(k, []).append(v)
             state = self._moments(engine.optimizer)
         finally:
             engine.destroy()
-            del engine
+            engine = None  # drops the last reference to the engine and its buffers
         stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
         return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
                            stats), state
