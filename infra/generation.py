@@ -46,9 +46,9 @@ class SampledLogprobs(LogitsProcessor):
 
     def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """[B, T] log-probs of the generated tokens (the last step's taken from the final sequences)."""
-        if self.prev is not None and len(self.chosen) < new_tokens.shape[1]:
+        if len(self.chosen) < new_tokens.shape[1]:
             self._take(new_tokens[:, -1])
-        return torch.stack(self.chosen, dim=1) if self.chosen else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
+        return torch.stack(self.chosen, dim=1)
 
 
 class StopOnText(StoppingCriteria):
