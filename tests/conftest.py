@@ -15,6 +15,22 @@ def prefect_harness():
         yield
 
 
+def train_items(n=6, old_logprob=-10.0):
+    """`n` seeded TrainItems of random prompts and responses (lengths 5+i and 3..5), old log-probs all
+    `old_logprob`, random advantages: the trainer tests' batch."""
+    import torch
+
+    from infra.trainer import TrainItem
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        p = torch.randint(10, 1000, (5 + i,), generator=g).tolist()
+        r = torch.randint(10, 1000, (3 + i % 3,), generator=g).tolist()
+        out.append(TrainItem(p, r, [old_logprob] * len(r), torch.randn(len(r), generator=g).tolist(), [1] * len(r)))
+    return out
+
+
 def tiny_config(run_dir, *overrides):
     from flows.config import load_config
 

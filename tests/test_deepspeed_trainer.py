@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from conftest import train_items
 
 from infra.engines.zero import DeepSpeedConfig, build_zero_config, single_process_env
 
@@ -110,17 +111,7 @@ def fake_deepspeed(monkeypatch):
     return made
 
 def _items(n=6):
-    import torch
-
-    from infra.trainer import TrainItem
-
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(n):
-        p = torch.randint(10, 1000, (5 + i,), generator=g).tolist()
-        r = torch.randint(10, 1000, (3 + i % 3,), generator=g).tolist()
-        out.append(TrainItem(p, r, [-7.0] * len(r), torch.randn(len(r), generator=g).tolist(), [1] * len(r)))
-    return out
+    return train_items(n, old_logprob=-7.0)
 
 
 def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspeed, tmp_path):

@@ -3,27 +3,17 @@ from functools import partial
 
 import pytest
 import torch
+from conftest import train_items
 
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, train_agent
+from infra.trainer import train_agent
 from tasks.losses import ppo_clip_loss
 
 
 @pytest.fixture(scope="module")
 def policy():
     return TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8), ["a"], seed=0)
-
-
-def _items(n=6):
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(n):
-        p = torch.randint(10, 1000, (5 + i,), generator=g).tolist()
-        r = torch.randint(10, 1000, (3 + i % 3,), generator=g).tolist()
-        adv = torch.randn(len(r), generator=g).tolist()
-        out.append(TrainItem(p, r, [-10.0] * len(r), adv, [1] * len(r)))
-    return out
 
 
 def _gradient(policy, items, micro):
@@ -36,7 +26,7 @@ def _gradient(policy, items, micro):
 
 
 def test_micro_batches_give_the_minibatch_gradient(policy):
-    items = _items()
+    items = train_items()
     res_full, full = _gradient(policy, items, micro=len(items))
     res_micro, micro = _gradient(policy, items, micro=1)
     assert res_full.tokens == res_micro.tokens == sum(len(it.response_ids) for it in items)
@@ -47,7 +37,7 @@ def test_micro_batches_give_the_minibatch_gradient(policy):
 
 
 def test_non_finite_loss_skips_and_restores(policy):
-    items = _items(2)
+    items = train_items(2)
 
     def nan_loss(logp, old, adv, mask):
         return (logp * float("nan")).sum(), {}
