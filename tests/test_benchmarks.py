@@ -92,7 +92,7 @@ def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
 @pytest.mark.slow
 def test_trl_benchmark_steps_both_trainers():
     if not os.environ.get("TEAMRL_REQUIRE_TRL"):  # CI requires it: `make test` installs the bench extra
-        pytest.importorskip("trl")
+        pytest.importorskip("trl", reason="TRL (the bench extra) is not installed: pip install -e '.[bench]'")
     from benchmarks import bench_trl
 
     s = bench_trl.run(quick=True)

@@ -58,7 +58,6 @@ class DSBenchConfig(BaseModel):
         description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
         "(the sandbox interpreter must have them: `make` installs Debian's python3-sklearn)")
 
-
     @model_validator(mode="after")
     def _stop_needs_a_scaffold(self):
         if self.scaffold == "none" and self.stop:
