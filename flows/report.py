@@ -51,7 +51,7 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         m[f"tool_use/{agent}"] = float((g["tool_input"].fillna("") != "").mean())
         if "reward" in g and g["reward"].notna().any():
             m[f"reward/{agent}"] = float(g["reward"].astype(float).mean())
-        m[f"coach_missing/{agent}"] = float((g["status"] != "ok").sum()) if "status" in g else 0.0
+        m[f"coach_missing/{agent}"] = float((~g["status"].isin(["ok", "skipped"])).sum()) if "status" in g else 0.0
     for col, names, prefix in (("status", STATUSES, "coach_status"), ("error_kind", ERROR_KINDS, "coach_error")):
         if col in acts:  # how many actions got each value (0 for the ones that did not occur)
             counts = acts[col].dropna().value_counts()

@@ -76,7 +76,8 @@ class Pipeline(Protocol):
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]: ...
 
-    def rubric(self, episode: Episode) -> list[tuple[float, str]]: ...
+    def rubric(self, episode: Episode) -> list[tuple[float | None, str]]:
+        """A score 0..10 and a rationale per action; None = not scored (stored as `skipped`, no gradient)."""
 
     def feedback(self, episode: Episode) -> list[str]: ...
 

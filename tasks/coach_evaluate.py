@@ -40,7 +40,7 @@ def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResu
             t0 = time.perf_counter()
             scores = pipe.rubric(e)
             dt = (time.perf_counter() - t0) / max(1, len(scores))
-            out.append([CoachResult(s, why, "ok", dt) for s, why in scores])
+            out.append([CoachResult(s, why, "ok" if s is not None else "skipped", dt) for s, why in scores])
         return out
     roles = {a.name: a.role for a in pipe.agents}
     reqs, shape = [], []

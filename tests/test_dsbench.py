@@ -111,13 +111,13 @@ def test_missing_features_file_blames_the_data_engineer(pipe):
     assert "features_train.csv" in ep.actions[1]["tool_output"]  # the Modeler's FileNotFoundError
     assert "invalid submission.csv" in ep.final_answer
     (de, _), (mo, why), (an, _) = rubric_scores(ep)
-    assert de == 0.0 and mo == 5.0 and an == 5.0 and "data_engineer" in why
+    assert de == 0.0 and mo is None and an is None and "data_engineer" in why
 
 
 def test_failed_modeler_is_blamed_not_the_analyst(pipe):
     broken = GOOD | {"modeler": "```python\nraise SystemExit('no model')\n```"}
     (ep,) = pipe.run_episodes(pipe.problems("train")[1:2], ["e"], ["g"], ScriptedTeam(broken))
-    assert [s for s, _ in rubric_scores(ep)] == [pytest.approx(6.0), 0.0, 5.0]  # outcome 0: 6 + 4 * 0
+    assert [s for s, _ in rubric_scores(ep)] == [pytest.approx(6.0), 0.0, None]  # outcome 0: 6 + 4 * 0
 
 
 def test_stop_strings_need_a_scaffold():
@@ -147,6 +147,12 @@ def test_dsbench_flow_runs_and_monitors_coach_bias(prefect_harness, tmp_path):
     table = by_task_type(eps, acts, "regression")
     assert set(table.index) == {0.0, 1.0}  # diabetes and iris both played
     assert set(store.read_table(run_dir, "updates")["agent"]) == {"data_engineer", "modeler", "analyst"}
+    # actions after an upstream failure are not scored and get no gradient
+    coach, adv = (store.read_table(run_dir, t, 1, "rollout") for t in ("coach", "advantages"))
+    skipped = coach["status"] == "skipped"
+    assert skipped.any() and coach.loc[skipped, "score"].isna().all() and coach.loc[~skipped, "score"].notna().all()
+    keys = lambda d: set(zip(d["episode_id"], d["turn"]))  # noqa: E731
+    assert keys(coach[skipped]) == keys(adv[adv["weight"] == 0])
 
 
 @pytest.mark.slow

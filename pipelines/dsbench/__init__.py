@@ -197,7 +197,7 @@ class DSBench:
         e.outcome = data.outcome(p, s)
         e.final_answer = s.feedback[:500]
 
-    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
+    def rubric(self, episode: Episode) -> list[tuple[float | None, str]]:
         return rubric_scores(episode)
 
     def feedback(self, episode: Episode) -> list[str]:
