@@ -13,6 +13,10 @@
    gradients are negligible) or 3 for full weights. N_body = weights of the decoder's Linear layers,
    N_head = the output projection, T = tokens that are not padding. Attention's L^2 term is left out,
    as in the usual 6ND estimate, so MFU is slightly understated.
+3. Prompt sharing: the forward and backward pass of one training micro-batch whose samples share a
+   prompt (a GRPO group), with each distinct prompt run once and its KV cache reused
+   (infra/generation.response_logits) vs the prompt run once per sample (`share_prompt=False`, what
+   the trainer did before). Two prompt lengths: a short chat prompt, and a long multi-agent context.
 """
 from __future__ import annotations
 
@@ -94,6 +98,23 @@ def training_mfu(policy, prompts: list[list[int]], resp_len: int, repeats: int) 
             "median s": s, "GFLOP": flops / 1e9, "GFLOP/s": flops / s / 1e9}
 
 
+def prompt_sharing(policy, prompt_len: int, resp_len: int, group: int, repeats: int) -> dict:
+    """Seconds of a forward + backward pass over `group` responses to one prompt, shared vs not."""
+    from infra.generation import response_logprobs
+
+    g = torch.Generator().manual_seed(prompt_len)
+    vocab, pad = len(policy.tokenizer), policy.tokenizer.pad_token_id
+    prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+    responses = [torch.randint(0, vocab, (resp_len,), generator=g).tolist() for _ in range(group)]
+    with policy.acting("solver") as model:
+        def step(share: bool):
+            response_logprobs(model, [prompt] * group, responses, pad, share_prompt=share).sum().backward()
+
+        shared, each = (median_seconds(lambda: step(share), repeats) for share in (True, False))
+    return {"micro-batch": f"{group} x ({prompt_len}-token prompt + {resp_len}-token response)",
+            "prompt per sample (s)": each, "prompt shared (s)": shared, "shared / per sample": shared / each}
+
+
 def run(quick: bool = False) -> Section:
     model = "tiny" if quick else "smollm2-135m-instruct"
     n, max_new, repeats = (4, 16, 1) if quick else (16, 64, 3)
@@ -101,12 +122,13 @@ def run(quick: bool = False) -> Section:
     prompts = _prompts(policy.tokenizer, n)
     gen = generation(policy, prompts, max_new, batch_size=16, repeats=repeats)
     train = training_mfu(policy, prompts[:8], resp_len=max_new, repeats=repeats)
+    sharing = [prompt_sharing(policy, p, 16 if quick else r, 2, repeats) for p, r in ((42, 32), (400, 64))]
     peak = matmul_peak(1024 if quick else 2048, repeats=3 if quick else 10)
     mfu = train["GFLOP/s"] * 1e9 / peak
     rows = [{"measure": r["generation"], "median s": r["median s"], "rate": f"{r['tokens/s']:.1f} tokens/s"}
             for r in gen]
     rows += [{"measure": train["step"], "median s": train["median s"], "rate": f"{train['GFLOP/s']:.2f} GFLOP/s"},
-             {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"}]
+             {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"}, *sharing]
     return Section(
         title="Generation throughput and training MFU",
         command=f".venv/bin/python -m benchmarks.bench_generation{' --quick' if quick else ''}",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from infra.engines.config import EnginesConfig  # noqa: F401  (re-exported: the run config's `engines` section)
 from infra.engines.types import Generation, GenerationRequest  # noqa: F401  (re-exported)
@@ -107,35 +108,70 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     return [results[i] for i in range(len(prompts))]
 
 
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
-                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                    share_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [B, R_max, V] of the next-token distribution at each response position, teacher-forced on
     the responses; response ids [B, R_max]; 0/1 mask [B, R_max]).
 
     Prompts are left-padded and responses right-padded so all responses start in the same column;
-    only the response positions' logits are computed. Keeps the autograd graph (use no_grad to score).
+    only the response positions' logits are computed. When prompts repeat (a group's G samples), each
+    distinct prompt is run once (`_shared_prompt_logits`; `share_prompt=False`: once per response, the
+    benchmarks' baseline). Keeps the autograd graph (use no_grad to score).
     """
-    ids_p, mask_p = _left_pad(prompts, pad_id)
     r_max = max(1, max(len(r) for r in responses))
     ids_r = torch.full((len(responses), r_max), pad_id, dtype=torch.long)
     mask_r = torch.zeros((len(responses), r_max), dtype=torch.long)
     for i, r in enumerate(responses):
         ids_r[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask_r[i, :len(r)] = 1
-    ids = torch.cat([ids_p, ids_r], dim=1)
-    mask = torch.cat([mask_p, mask_r], dim=1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     dev = _device(model)
-    ids, mask, pos, ids_r, mask_r = ids.to(dev), mask.to(dev), pos.to(dev), ids_r.to(dev), mask_r.to(dev)
+    ids_r, mask_r = ids_r.to(dev), mask_r.to(dev)
+    slot: dict[tuple[int, ...], int] = {}  # distinct prompt -> its index
+    which = [slot.setdefault(tuple(p), len(slot)) for p in prompts]
+    if share_prompt and len(slot) < len(prompts):
+        logits = _shared_prompt_logits(model, [list(p) for p in slot], torch.tensor(which, device=dev), ids_r,
+                                       mask_r, pad_id)
+        return logits, ids_r, mask_r
+    ids_p, mask_p = _left_pad(prompts, pad_id)
+    ids = torch.cat([ids_p.to(dev), ids_r], dim=1)
+    mask = torch.cat([mask_p.to(dev), mask_r], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r_max + 1).logits
     return logits[:, :-1], ids_r, mask_r
 
 
+# recent transformers name the KV cache argument and output `cache`, earlier versions `past_key_values`
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _shared_prompt_logits(model, distinct: list[list[int]], which: torch.Tensor, ids_r: torch.Tensor,
+                          mask_r: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Response logits [B, R_max, V] when response i follows prompt `distinct[which[i]]`: one forward over
+    the distinct prompts, whose KV cache (and last position's logits, which predict each response's
+    first token) is gathered per response; a second forward runs the responses on that cache. The
+    gradient flows back through the gathered cache into the single prompt forward."""
+    dev = ids_r.device
+    ids_p, mask_p = (t.to(dev) for t in _left_pad(distinct, pad_id))
+    out = model(input_ids=ids_p, attention_mask=mask_p, position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1)
+    first = out.logits[which]  # [B, 1, V]
+    if ids_r.shape[1] == 1:
+        return first
+    cache = getattr(out, _CACHE)
+    cache.batch_select_indices(which)
+    mask_p = mask_p[which]
+    # the last response token predicts nothing that is scored: feed tokens 0 .. R-2
+    pos = mask_p.sum(-1, keepdim=True) + torch.arange(ids_r.shape[1] - 1, device=dev)
+    rest = model(input_ids=ids_r[:, :-1], attention_mask=torch.cat([mask_p, mask_r[:, :-1]], dim=1),
+                 position_ids=pos, use_cache=True, **{_CACHE: cache}).logits
+    return torch.cat([first, rest], dim=1)
+
+
 def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, share_prompt: bool = True) -> torch.Tensor:
     """Log-probs under softmax(logits / T) of each response token given its prompt, as a [B, R_max]
     tensor (0 past each end). Keeps the autograd graph (use no_grad to score)."""
-    logits, ids_r, mask_r = response_logits(model, prompts, responses, pad_id)
+    logits, ids_r, mask_r = response_logits(model, prompts, responses, pad_id, share_prompt)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     tok = logp.gather(-1, ids_r.unsqueeze(-1)).squeeze(-1)
     return tok * mask_r

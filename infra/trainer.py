@@ -59,13 +59,24 @@ def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: 
             yield [items[i] for i in order[start:start + minibatch_size]]
 
 
+def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
+    """The items with identical prompts made adjacent (groups in order of first appearance), so the
+    samples of a group share micro-batches, where their prompt is computed once."""
+    first: dict[tuple[int, ...], int] = {}
+    for it in items:
+        first.setdefault(tuple(it.prompt_ids), len(first))
+    return sorted(items, key=lambda it: first[tuple(it.prompt_ids)])
+
+
 def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable,
                backward: Callable) -> tuple[float, dict[str, float]]:
     """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
 
     `forward(micro, last)` gives the micro-batch's [B, L] log-probs (`last`: the minibatch's final
     micro-batch). Micro-batches bound activation memory; weighting each one's token-mean loss by its
-    share of the minibatch's tokens makes the summed gradient the minibatch token-mean's."""
+    share of the minibatch's tokens makes the summed gradient the minibatch token-mean's, whatever
+    the order, so samples that share a prompt are put together (`by_prompt`)."""
+    mb = by_prompt(mb)
     mb_tokens = max(1, sum(sum(it.mask) for it in mb))
     loss_sum, stats_sum = 0.0, {}
     starts = range(0, len(mb), micro_batch_size)

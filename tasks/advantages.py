@@ -10,14 +10,15 @@ import numpy as np
 
 @dataclass
 class Sample:
-    """One action of one agent: its sampled-token log-probs and its scalar score s(a) (None = missing)."""
+    """One action of one agent: its sampled-token log-probs and its scalar score s(a) (None = missing);
+    reference log-probs are None where no reference pass ran (kl_coef = 0)."""
 
     episode_id: str
     group_id: str
     agent: str
     turn: int
     logprobs: np.ndarray
-    ref_logprobs: np.ndarray
+    ref_logprobs: np.ndarray | None
     score: float | None
 
 
@@ -31,6 +32,17 @@ def kl_penalty(logp: np.ndarray, ref_logp: np.ndarray, kind: str = "k1") -> np.n
     if kind == "k3":
         return np.exp(-d) - 1 + d  # k3 = exp(log pi_ref - log pi) - 1 - (log pi_ref - log pi)
     raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def action_kl(s: Sample, beta: float, kind: str) -> np.ndarray:
+    """The KL term of an action's token rewards: zeros when beta = 0 (no reference pass is needed)."""
+    if beta == 0:
+        return np.zeros(len(s.logprobs))
+    if s.ref_logprobs is None:
+        raise ValueError(f"action {s.episode_id} turn {s.turn} has no reference log-probs: its rollouts were "
+                         f"collected with algorithm.kl_coef = 0, which skips the reference pass; recollect "
+                         f"them to train with kl_coef = {beta:g}")
+    return kl_penalty(s.logprobs, s.ref_logprobs, kind)
 
 
 def blend_score(coach: float, outcome: float | None, w: float) -> float:
@@ -76,8 +88,7 @@ def register(name: str):
 def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = "k1",
                  return_scope: str = "action", eps: float = 1e-6) -> list[np.ndarray]:
     """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
-    rewards = [token_rewards(kl_penalty(s.logprobs, s.ref_logprobs, kl_estimator), s.score, beta)
-               for s in samples]
+    rewards = [token_rewards(action_kl(s, beta, kl_estimator), s.score, beta) for s in samples]
     if return_scope == "action":
         returns = [returns_to_go(r) for r in rewards]
     elif return_scope == "agent":

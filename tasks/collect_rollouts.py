@@ -12,6 +12,7 @@ from infra.faults import crash_point
 from infra.generation import EnginesConfig, GenerationRequest, encode_chat, score_logprobs
 from infra.progress import progress_bar
 from tasks import context
+from tasks.algorithm import AlgorithmConfig
 from tasks.extract import extract
 
 
@@ -81,12 +82,13 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     run_id = context.value(run_dir, "run_id")
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
     temperature = 1.0 if greedy else cfg.temperature
-    if split == "eval":  # evaluation trains nothing: no reference pass (ref_logprobs stay null)
-        refs = [None] * len(actions)
-    else:
-        with policy.reference() as ref:  # one pass for every agent: all share the frozen base
-            refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
-                                  tok.pad_token_id, batch_size=engines.batch_size, temperature=temperature)
+    # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL penalty
+    refs = [None] * len(actions)
+    if split != "eval":
+        if context.section(run_dir, "algorithm", AlgorithmConfig).kl_coef > 0:
+            with policy.reference() as ref:  # one pass for every agent: all share the frozen base
+                refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
+                                      tok.pad_token_id, batch_size=engines.batch_size, temperature=temperature)
         if engines.rescore_logprobs:
             gaps = rescore(policy, actions, engines.batch_size, temperature)
             for e in episodes:

@@ -33,8 +33,9 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
             ok = coach is not None and not (isinstance(coach, float) and np.isnan(coach))
             s = outcome[r["episode_id"]] if trajectory else (
                 blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None)
+            ref = None if r["ref_logprobs"] is None else np.asarray(r["ref_logprobs"], np.float64)
             samples.append(Sample(r["episode_id"], group[r["episode_id"]], r["agent"], int(r["turn"]),
-                                  np.asarray(r["logprobs"], np.float64), np.asarray(r["ref_logprobs"], np.float64), s))
+                                  np.asarray(r["logprobs"], np.float64), ref, s))
         advs = estimate(cfg.estimator, samples, beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
                         return_scope=cfg.return_scope, eps=cfg.whiten_eps)
         for r, smp, a in zip(recs, samples, advs):

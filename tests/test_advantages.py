@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from tasks.advantages import (ESTIMATORS, Sample, blend_score, estimate, grpo, kl_penalty, reinforce_pp, returns_to_go,
-                              rloo, token_rewards, whiten)
+from tasks.advantages import (ESTIMATORS, Sample, action_kl, blend_score, estimate, grpo, kl_penalty, reinforce_pp,
+                              returns_to_go, rloo, token_rewards, whiten)
 
 
 def S(score, n=1, *, ep="e1", group="g1", agent="solver", turn=0, logp=None, ref=None):
@@ -33,6 +33,14 @@ def close(actual, expected, tol=1e-6):
 ])
 def test_kl_penalty(kind, expected):
     np.testing.assert_allclose(kl_penalty(np.array([-1.0, -2.0]), np.array([-1.5, -1.0]), kind), expected, rtol=1e-9)
+
+
+def test_action_kl_needs_reference_logprobs_only_with_a_penalty():
+    no_ref = Sample("e1", "g1", "solver", 2, np.array([-1.0, -2.0]), None, 1.0)
+    np.testing.assert_array_equal(action_kl(no_ref, 0.0, "k1"), [0.0, 0.0])  # beta = 0: no reference pass
+    np.testing.assert_allclose(action_kl(S(1.0, logp=[-1, -2], ref=[-1.5, -1]), 0.1, "k1"), [0.5, -1.0])
+    with pytest.raises(ValueError, match="e1 turn 2 has no reference log-probs.*kl_coef = 0"):
+        action_kl(no_ref, 0.1, "k1")
 
 
 def test_kl_penalty_unknown_kind():

@@ -31,6 +31,14 @@ def test_linear_weights_count_the_tiny_models_matmuls():
     assert body == 4 * per_layer and head == len(policy.tokenizer) * 256
 
 
+def test_prompt_sharing_times_both_ways():
+    from benchmarks.bench_generation import _policy, prompt_sharing
+
+    row = prompt_sharing(_policy("tiny"), prompt_len=12, resp_len=4, group=3, repeats=1)
+    assert row["micro-batch"] == "3 x (12-token prompt + 4-token response)"
+    assert row["prompt shared (s)"] > 0 and row["prompt per sample (s)"] > 0 and row["shared / per sample"] > 0
+
+
 def test_packing_never_beats_the_lower_bound():
     from benchmarks.bench_binpack import _pipeline, packing
     from infra.models import ModelConfig, load_tokenizer

@@ -147,6 +147,32 @@ def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
         assert len(g.response_ids) == len(g.logprobs) == 9 and g.logprobs == pytest.approx(w, abs=1e-4)
 
 
+def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(policy, monkeypatch):
+    """response_logits runs each distinct prompt once and the responses on its gathered KV cache; the
+    log-probs and their gradient match scoring every (prompt, response) pair on its own."""
+    import torch
+
+    import infra.generation as gen
+
+    prompts = [[1, 5, 9, 12], [1, 5, 9, 12], [7, 8], [1, 5, 9, 12], [7, 8]]
+    responses = [[4, 6, 7], [8], [3, 3, 3, 3], [2, 2], [9, 10]]
+    pad, params = policy.tokenizer.pad_token_id, policy.parameters("a")
+    calls, shared = [], gen._shared_prompt_logits
+    monkeypatch.setattr(gen, "_shared_prompt_logits", lambda *a: calls.append(a[1]) or shared(*a))
+    with policy.acting("a") as m:
+        got = gen.response_logprobs(m, prompts, responses, pad, 0.7)
+        grad_got = torch.autograd.grad(got.sum(), params)
+        want = [gen.response_logprobs(m, [p], [r], pad, 0.7)[0] for p, r in zip(prompts, responses)]
+        grad_want = torch.autograd.grad(sum(w.sum() for w in want), params)
+    assert calls == [[[1, 5, 9, 12], [7, 8]]]  # one forward over the two distinct prompts
+    for row, w in zip(got, want):
+        torch.testing.assert_close(row[:len(w)], w, atol=1e-5, rtol=0)
+        assert not row[len(w):].any()
+    assert sum(b.norm() for b in grad_want) > 0
+    for a, b in zip(grad_got, grad_want):  # float32 sums in another order: equal to 1e-4 of the norm
+        assert (a - b).norm() <= 1e-4 * b.norm()
+
+
 def test_rescore_replaces_engine_logprobs_with_the_trainers(policy):
     from infra.generation import score_logprobs
     from tasks.collect_rollouts import rescore

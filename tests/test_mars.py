@@ -106,6 +106,7 @@ def test_deepresearch_flow_trains_both_systems(mars_run):
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
     s1, s2 = acts[acts["system"] == 1], acts[acts["system"] == 2]
     assert len(s1) and len(s2) and set(acts["agent"]) == {"system1", "system2"}
+    assert acts["ref_logprobs"].isna().all()  # kl_coef = 0: no reference pass
     calls = s2[s2["tool_name"] == "search"]
     assert len(calls) == len(eps)  # scaffold: every episode's first turn is a search
     # every System-1 sample points at its System-2 tool call in the same episode

@@ -153,15 +153,17 @@ def test_cli_train_and_runs_show(prefect_harness, tmp_path):
 
 def test_outcome_coach_pass_at_k_and_summary(prefect_harness, tmp_path):
     """`coach.backend=outcome` gives every action the sparse episode outcome; eval samples give pass@k;
-    the run ends with a summary plot and table (also an MLflow artifact)."""
+    the run ends with a summary plot and table (also an MLflow artifact). Without a KL penalty
+    (kl_coef = 0) no reference pass runs."""
     from flows.report import partition_metrics
     from flows.train import train
 
-    run_dir = Path(train(config=tiny_config(tmp_path, "coach.backend=outcome", "iterations=1",
+    run_dir = Path(train(config=tiny_config(tmp_path, "coach.backend=outcome", "iterations=1", "algorithm.kl_coef=0",
                                             "rollout.eval_samples=2", "pipeline.eval_size=4")))
     df = store.load_actions(run_dir, phase="rollout")
     eps = store.load_episodes(run_dir, phase="rollout").set_index("episode_id")["outcome"]
     assert (df["score"].to_numpy() == 10.0 * eps.loc[df["episode_id"]].to_numpy()).all()
+    assert df["ref_logprobs"].isna().all() and df["loss_mask"].map(len).eq(df["response_ids"].map(len)).all()
     assert set(df["coach_model"]) == {"outcome"}
     ev = store.load_episodes(run_dir, iteration=1, phase="eval")
     assert len(ev) == 4 * (1 + 2)  # greedy + 2 samples per held-out question

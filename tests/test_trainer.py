@@ -7,7 +7,7 @@ from conftest import train_items
 
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import train_agent
+from infra.trainer import TrainItem, by_prompt, train_agent
 from tasks.losses import ppo_clip_loss
 
 
@@ -33,6 +33,20 @@ def test_micro_batches_give_the_minibatch_gradient(policy):
     assert res_full.loss == pytest.approx(res_micro.loss, rel=1e-4)
     assert sum(g.abs().sum() for g in full) > 0
     for a, b in zip(full, micro):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_a_group_shares_its_prompt_forward_and_gets_the_same_gradient(policy):
+    """G samples of one prompt: micro-batches put them together (by_prompt) and response_logits runs the
+    prompt once for them; the minibatch gradient equals scoring each sample on its own."""
+    base = train_items()
+    items = [TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
+             for i, it in enumerate(base)]  # two groups of three, interleaved
+    assert [it.prompt_ids for it in by_prompt(items)] == [base[0].prompt_ids] * 3 + [base[1].prompt_ids] * 3
+    res_one, one = _gradient(policy, items, micro=1)
+    res_shared, shared = _gradient(policy, items, micro=3)
+    assert res_one.loss == pytest.approx(res_shared.loss, rel=1e-4)
+    for a, b in zip(one, shared):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
 
 
