@@ -59,13 +59,17 @@ def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: 
             yield [items[i] for i in order[start:start + minibatch_size]]
 
 
-def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
-    """The items with identical prompts made adjacent (groups in order of first appearance), so the
-    samples of a group share micro-batches, where their prompt is computed once."""
+def prompt_order(items: list[TrainItem]) -> list[int]:
+    """Indices of `items` with identical prompts made adjacent (groups in order of first appearance), so
+    the samples of a group share micro-batches, where their prompt is computed once."""
     first: dict[tuple[int, ...], int] = {}
     for it in items:
         first.setdefault(tuple(it.prompt_ids), len(first))
-    return sorted(items, key=lambda it: first[tuple(it.prompt_ids)])
+    return sorted(range(len(items)), key=lambda i: first[tuple(items[i].prompt_ids)])
+
+
+def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
+    return [items[i] for i in prompt_order(items)]
 
 
 def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable,
@@ -154,12 +158,13 @@ def batch_logprobs(policy, agent: str, items: list[TrainItem], temperature: floa
     n = max(1, max(len(it.response_ids) for it in items))
     pad = policy.tokenizer.pad_token_id
     new = torch.zeros((len(items), n))
+    order = prompt_order(items)
     with torch.no_grad(), policy.acting(agent) as model:
         for m0 in range(0, len(items), micro_batch_size):
-            micro = items[m0:m0 + micro_batch_size]
-            logp = response_logprobs(model, [it.prompt_ids for it in micro], [it.response_ids for it in micro],
+            idx = order[m0:m0 + micro_batch_size]
+            logp = response_logprobs(model, [items[i].prompt_ids for i in idx], [items[i].response_ids for i in idx],
                                      pad, temperature)
-            new[m0:m0 + len(micro), :logp.shape[1]] = logp.cpu()
+            new[idx, :logp.shape[1]] = logp.cpu()
     return (new, _pad([it.old_logprobs for it in items], n, torch.float32),
             _pad([it.advantages for it in items], n, torch.float32), _pad([it.mask for it in items], n, torch.float32))
 

@@ -7,7 +7,7 @@ from conftest import train_items
 
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, by_prompt, train_agent
+from infra.trainer import TrainItem, batch_logprobs, by_prompt, train_agent
 from tasks.losses import ppo_clip_loss
 
 
@@ -48,6 +48,18 @@ def test_a_group_shares_its_prompt_forward_and_gets_the_same_gradient(policy):
     assert res_one.loss == pytest.approx(res_shared.loss, rel=1e-4)
     for a, b in zip(one, shared):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_batch_logprobs_keep_the_items_order_when_prompts_are_grouped(policy):
+    base = train_items(4)
+    items = [TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
+             for i, it in enumerate(base)]  # prompts A B A B: scored as A A, B B
+    new, old, adv, mask = batch_logprobs(policy, "a", items, micro_batch_size=2)
+    for row, it in zip(range(4), items):
+        alone, *_ = batch_logprobs(policy, "a", [it])
+        n = len(it.response_ids)
+        torch.testing.assert_close(new[row, :n], alone[0, :n], atol=1e-5, rtol=0)
+        assert adv[row, :n].tolist() == pytest.approx(it.advantages) and mask[row, :n].sum() == n
 
 
 def test_non_finite_loss_skips_and_restores(policy):
