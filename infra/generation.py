@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from infra.engines.config import EnginesConfig  # noqa: F401  (re-exported: the run config's `engines` section)
 from infra.engines.types import Generation, GenerationRequest  # noqa: F401  (re-exported)
@@ -115,8 +114,9 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
 
     Prompts are left-padded and responses right-padded so all responses start in the same column;
     only the response positions' logits are computed. When prompts repeat (a group's G samples), each
-    distinct prompt is run once (`_shared_prompt_logits`; `share_prompt=False`: once per response, the
-    benchmarks' baseline). Keeps the autograd graph (use no_grad to score).
+    distinct prompt is run once with all its responses packed after it (`_packed_logits`;
+    `share_prompt=False`: once per response, the benchmarks' baseline). Keeps the autograd graph (use
+    no_grad to score).
     """
     r_max = max(1, max(len(r) for r in responses))
     ids_r = torch.full((len(responses), r_max), pad_id, dtype=torch.long)
@@ -126,12 +126,10 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
         mask_r[i, :len(r)] = 1
     dev = _device(model)
     ids_r, mask_r = ids_r.to(dev), mask_r.to(dev)
-    slot: dict[tuple[int, ...], int] = {}  # distinct prompt -> its index
+    slot: dict[tuple[int, ...], int] = {}  # distinct prompt -> its row
     which = [slot.setdefault(tuple(p), len(slot)) for p in prompts]
     if share_prompt and len(slot) < len(prompts):
-        logits = _shared_prompt_logits(model, [list(p) for p in slot], torch.tensor(which, device=dev), ids_r,
-                                       mask_r, pad_id)
-        return logits, ids_r, mask_r
+        return _packed_logits(model, [list(p) for p in slot], which, responses, r_max, pad_id), ids_r, mask_r
     ids_p, mask_p = _left_pad(prompts, pad_id)
     ids = torch.cat([ids_p.to(dev), ids_r], dim=1)
     mask = torch.cat([mask_p.to(dev), mask_r], dim=1)
@@ -140,31 +138,42 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     return logits[:, :-1], ids_r, mask_r
 
 
-# recent transformers name the KV cache argument and output `cache`, earlier versions `past_key_values`
-_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def _shared_prompt_logits(model, distinct: list[list[int]], which: torch.Tensor, ids_r: torch.Tensor,
-                          mask_r: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Response logits [B, R_max, V] when response i follows prompt `distinct[which[i]]`: one forward over
-    the distinct prompts, whose KV cache (and last position's logits, which predict each response's
-    first token) is gathered per response; a second forward runs the responses on that cache. The
-    gradient flows back through the gathered cache into the single prompt forward."""
-    dev = ids_r.device
-    ids_p, mask_p = (t.to(dev) for t in _left_pad(distinct, pad_id))
-    out = model(input_ids=ids_p, attention_mask=mask_p, position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
-    first = out.logits[which]  # [B, 1, V]
-    if ids_r.shape[1] == 1:
-        return first
-    cache = getattr(out, _CACHE)
-    cache.batch_select_indices(which)
-    mask_p = mask_p[which]
-    # the last response token predicts nothing that is scored: feed tokens 0 .. R-2
-    pos = mask_p.sum(-1, keepdim=True) + torch.arange(ids_r.shape[1] - 1, device=dev)
-    rest = model(input_ids=ids_r[:, :-1], attention_mask=torch.cat([mask_p, mask_r[:, :-1]], dim=1),
-                 position_ids=pos, use_cache=True, **{_CACHE: cache}).logits
-    return torch.cat([first, rest], dim=1)
+def _packed_logits(model, distinct: list[list[int]], which: list[int], responses: list[list[int]], r_max: int,
+                   pad_id: int) -> torch.Tensor:
+    """Response logits [B, R_max, V] when response i follows prompt `distinct[which[i]]`, in one forward
+    pass with one row per distinct prompt: the prompt, then each of its responses. Every response's
+    tokens take the positions they would have right after the prompt, and a 4D attention mask lets them
+    see the prompt and their own earlier tokens only, so the prompt is computed (and back-propagated)
+    once for all the responses that share it."""
+    k_rows, dev = len(distinct), _device(model)
+    length = [len(p) for p in distinct]
+    for i, r in enumerate(responses):
+        length[which[i]] += len(r)
+    n = max(length)
+    ids = torch.full((k_rows, n), pad_id, dtype=torch.long)
+    pos = torch.zeros((k_rows, n), dtype=torch.long)
+    seg = torch.full((k_rows, n), -1, dtype=torch.long)  # 0: prompt, i + 1: response i, -1: padding
+    end = [len(p) for p in distinct]
+    for k, p in enumerate(distinct):
+        ids[k, :len(p)], pos[k, :len(p)], seg[k, :len(p)] = torch.tensor(p, dtype=torch.long), torch.arange(len(p)), 0
+    rows = torch.zeros((len(responses), r_max), dtype=torch.long)
+    cols = torch.zeros((len(responses), r_max), dtype=torch.long)
+    for i, r in enumerate(responses):
+        k, o, p_len = which[i], end[which[i]], len(distinct[which[i]])
+        ids[k, o:o + len(r)], seg[k, o:o + len(r)] = torch.tensor(r, dtype=torch.long), i + 1
+        pos[k, o:o + len(r)] = p_len + torch.arange(len(r))
+        rows[i] = k
+        cols[i, :len(r)] = torch.tensor([p_len - 1] + list(range(o, o + len(r) - 1)))  # where each token is predicted
+        end[k] += len(r)
+    q, kv = seg[:, :, None], seg[:, None, :]
+    see = torch.ones(n, n, dtype=torch.bool).tril() & (kv >= 0) & ((kv == 0) | (kv == q))
+    see |= torch.eye(n, dtype=torch.bool)  # padding attends to itself (a row of nothing would give NaN)
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.zeros(see.shape, dtype=dtype).masked_fill(~see, torch.finfo(dtype).min)[:, None]
+    first = min(len(p) for p in distinct) - 1  # no logits before the shortest prompt's last token
+    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                   logits_to_keep=n - first).logits
+    return logits[rows.to(dev), (cols - first).clamp(min=0).to(dev)]
 
 
 def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,

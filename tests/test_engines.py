@@ -148,8 +148,8 @@ def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
 
 
 def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(policy, monkeypatch):
-    """response_logits runs each distinct prompt once and the responses on its gathered KV cache; the
-    log-probs and their gradient match scoring every (prompt, response) pair on its own."""
+    """response_logits runs each distinct prompt once, its responses packed after it; the log-probs and
+    their gradient match scoring every (prompt, response) pair on its own."""
     import torch
 
     import infra.generation as gen
@@ -157,8 +157,8 @@ def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(polic
     prompts = [[1, 5, 9, 12], [1, 5, 9, 12], [7, 8], [1, 5, 9, 12], [7, 8]]
     responses = [[4, 6, 7], [8], [3, 3, 3, 3], [2, 2], [9, 10]]
     pad, params = policy.tokenizer.pad_token_id, policy.parameters("a")
-    calls, shared = [], gen._shared_prompt_logits
-    monkeypatch.setattr(gen, "_shared_prompt_logits", lambda *a: calls.append(a[1]) or shared(*a))
+    calls, packed = [], gen._packed_logits
+    monkeypatch.setattr(gen, "_packed_logits", lambda *a: calls.append(a[1]) or packed(*a))
     with policy.acting("a") as m:
         got = gen.response_logprobs(m, prompts, responses, pad, 0.7)
         grad_got = torch.autograd.grad(got.sum(), params)
