@@ -14,10 +14,9 @@
    N_head = the output projection, T = tokens that are not padding. Attention's L^2 term is left out,
    as in the usual 6ND estimate, so MFU is slightly understated.
 3. Prompt sharing: the forward and backward pass of one training micro-batch whose samples share a
-   prompt (a GRPO group), with each distinct prompt run once and its KV cache reused
-   (infra/generation.response_logits: one row per distinct prompt, its responses packed after it
-   under a 4D attention mask) vs the prompt run once per sample (`share_prompt=False`, what
-   the trainer did before). Two prompt lengths: a short chat prompt, and a long multi-agent context.
+   prompt (a GRPO group), with each distinct prompt run once (infra/generation.response_logits: one
+   row per distinct prompt, its responses packed after it under a 4D attention mask) vs the prompt
+   run once per sample (`share_prompt=False`, what the trainer did before). Two prompt lengths: a short chat prompt, and a long multi-agent context.
 """
 from __future__ import annotations
 
