@@ -107,6 +107,11 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     return [results[i] for i in range(len(prompts))]
 
 
+# A packed row's length cap: the attention over a row grows with its length squared, the saving only
+# with the prompt tokens not repeated.
+PACK_TOKENS = 2048
+
+
 def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                     share_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [B, R_max, V] of the next-token distribution at each response position, teacher-forced on
@@ -114,9 +119,9 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
 
     Prompts are left-padded and responses right-padded so all responses start in the same column;
     only the response positions' logits are computed. When prompts repeat (a group's G samples), each
-    distinct prompt is run once with all its responses packed after it (`_packed_logits`;
-    `share_prompt=False`: once per response, the benchmarks' baseline). Keeps the autograd graph (use
-    no_grad to score).
+    distinct prompt is run once with its responses packed after it (`_packed_logits`; a row longer than
+    PACK_TOKENS starts another; `share_prompt=False`: once per response, the benchmarks' baseline).
+    Keeps the autograd graph (use no_grad to score).
     """
     r_max = max(1, max(len(r) for r in responses))
     ids_r = torch.full((len(responses), r_max), pad_id, dtype=torch.long)
@@ -126,10 +131,17 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
         mask_r[i, :len(r)] = 1
     dev = _device(model)
     ids_r, mask_r = ids_r.to(dev), mask_r.to(dev)
-    slot: dict[tuple[int, ...], int] = {}  # distinct prompt -> its row
-    which = [slot.setdefault(tuple(p), len(slot)) for p in prompts]
-    if share_prompt and len(slot) < len(prompts):
-        return _packed_logits(model, [list(p) for p in slot], which, responses, r_max, pad_id), ids_r, mask_r
+    row_prompts, length, row_of, open_row = [], [], [], {}  # packed rows: their prompt and length
+    for p, r in zip(prompts, responses):
+        k = open_row.get(tuple(p))
+        if k is None or length[k] + len(r) > PACK_TOKENS:
+            k = open_row[tuple(p)] = len(row_prompts)
+            row_prompts.append(list(p))
+            length.append(len(p))
+        length[k] += len(r)
+        row_of.append(k)
+    if share_prompt and len(row_prompts) < len(prompts):
+        return _packed_logits(model, row_prompts, row_of, responses, r_max, pad_id), ids_r, mask_r
     ids_p, mask_p = _left_pad(prompts, pad_id)
     ids = torch.cat([ids_p.to(dev), ids_r], dim=1)
     mask = torch.cat([mask_p.to(dev), mask_r], dim=1)
@@ -140,11 +152,10 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
 
 def _packed_logits(model, distinct: list[list[int]], which: list[int], responses: list[list[int]], r_max: int,
                    pad_id: int) -> torch.Tensor:
-    """Response logits [B, R_max, V] when response i follows prompt `distinct[which[i]]`, in one forward
-    pass with one row per distinct prompt: the prompt, then each of its responses. Every response's
-    tokens take the positions they would have right after the prompt, and a 4D attention mask lets them
-    see the prompt and their own earlier tokens only, so the prompt is computed (and back-propagated)
-    once for all the responses that share it."""
+    """Response logits [B, R_max, V] when response i is packed in row `which[i]`, after that row's prompt
+    `distinct[which[i]]`, in one forward pass. Every response's tokens take the positions they would
+    have right after the prompt, and a 4D attention mask lets them see the prompt and their own earlier
+    tokens only, so the prompt is computed (and back-propagated) once for all the responses in its row."""
     k_rows, dev = len(distinct), _device(model)
     length = [len(p) for p in distinct]
     for i, r in enumerate(responses):
@@ -191,7 +202,8 @@ def score_logprobs(model, prompts: list[list[int]], responses: list[list[int]], 
                    batch_size: int = 16, temperature: float = 1.0) -> list[list[float]]:
     """Batched, gradient-free response log-probs as ragged lists."""
     out: list[list[float]] = [[] for _ in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    # prompts of similar length batch together, and the samples of one prompt next to each other (packed)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(responses[i])))
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         lp = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id, temperature)

@@ -147,9 +147,12 @@ def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
         assert len(g.response_ids) == len(g.logprobs) == 9 and g.logprobs == pytest.approx(w, abs=1e-4)
 
 
-def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(policy, monkeypatch):
-    """response_logits runs each distinct prompt once, its responses packed after it; the log-probs and
-    their gradient match scoring every (prompt, response) pair on its own."""
+@pytest.mark.parametrize("cap, rows", [(2048, [[1, 5, 9, 12], [7, 8]]),
+                                       (8, [[1, 5, 9, 12], [7, 8], [1, 5, 9, 12]])])  # 4 + 3 + 1 fills a row
+def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(policy, monkeypatch, cap, rows):
+    """response_logits runs each distinct prompt once, its responses packed after it (a row longer than
+    PACK_TOKENS starts another); the log-probs and their gradient match scoring every (prompt, response)
+    pair on its own."""
     import torch
 
     import infra.generation as gen
@@ -159,12 +162,13 @@ def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(polic
     pad, params = policy.tokenizer.pad_token_id, policy.parameters("a")
     calls, packed = [], gen._packed_logits
     monkeypatch.setattr(gen, "_packed_logits", lambda *a: calls.append(a[1]) or packed(*a))
+    monkeypatch.setattr(gen, "PACK_TOKENS", cap)
     with policy.acting("a") as m:
         got = gen.response_logprobs(m, prompts, responses, pad, 0.7)
         grad_got = torch.autograd.grad(got.sum(), params)
         want = [gen.response_logprobs(m, [p], [r], pad, 0.7)[0] for p, r in zip(prompts, responses)]
         grad_want = torch.autograd.grad(sum(w.sum() for w in want), params)
-    assert calls == [[[1, 5, 9, 12], [7, 8]]]  # one forward over the two distinct prompts
+    assert calls == [rows]  # one forward, one row per prompt (up to the cap)
     for row, w in zip(got, want):
         torch.testing.assert_close(row[:len(w)], w, atol=1e-5, rtol=0)
         assert not row[len(w):].any()
