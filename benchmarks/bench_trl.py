@@ -138,7 +138,9 @@ def run(quick: bool = False) -> Section:
              f"step(s) after a warm-up step, ours then TRL's in one process. Machine: {machine()}.")
     lengths = ("Both sides sample, so completion lengths can differ (an EOS ends a completion early): compare "
                "tokens/s as well as seconds per step.")
-    unmatched = ("Not matched: TRL scores with a fused, tiled LM head (no full logits), also computes each token's "
+    unmatched = ("Not matched: ours runs the prompt a micro-batch's samples share once, with their completions "
+                 "packed after it (infra/generation.response_logits); TRL runs prompt + completion per sample. "
+                 "TRL scores with a fused, tiled LM head (no full logits), also computes each token's "
                  "entropy and its per-step metrics, and keeps one AdamW across steps; `train_agent` builds a fresh "
                  "AdamW per update (a teamrl run reloads its moments from the checkpoint: that I/O, the checkpoint "
                  "write and the rollout bookkeeping are not timed); ours runs the model in eval mode, TRL in train "
