@@ -56,11 +56,14 @@ def reward(text: str) -> float:
 
 
 def teamrl_step(policy: TeamPolicy, prompts: list[list[int]], group: int, max_tokens: int,
-                alg: AlgorithmConfig, tokens: list[int]) -> None:
-    """Rollouts, GRPO advantages and one PPO-clip update of the single agent `solver`."""
+                alg: AlgorithmConfig, tokens: list[int], sampling: list[float]) -> None:
+    """Rollouts, GRPO advantages and one PPO-clip update of the single agent `solver`; the sampling's
+    seconds are appended to `sampling`."""
+    t0 = time.perf_counter()
     with policy.acting("solver") as model:
         gens = generate(model, policy.tokenizer, [p for p in prompts for _ in range(group)], max_tokens,
                         temperature=TEMPERATURE)
+    sampling.append(time.perf_counter() - t0)
     samples = [Sample(str(i), str(i // group), "solver", 0, np.array(g.logprobs), np.zeros(0), reward(g.text))
                for i, g in enumerate(gens)]
     items = [TrainItem(g.prompt_ids, g.response_ids, g.logprobs, a.tolist(), [1] * len(g.response_ids))
@@ -123,7 +126,9 @@ def run(quick: bool = False) -> Section:
     prompt_ids = [encode_chat(policy.tokenizer, c) for c in chats]
 
     ours_tokens: list[int] = []
-    ours = median_seconds(lambda: teamrl_step(policy, prompt_ids, group, max_tokens, alg, ours_tokens), repeats)
+    sampling: list[float] = []
+    ours = median_seconds(lambda: teamrl_step(policy, prompt_ids, group, max_tokens, alg, ours_tokens, sampling),
+                          repeats)
     trl_seconds, trl_tokens, version = trl_steps(policy, chats, group, max_tokens, alg, 1 + repeats)
     theirs = statistics.median(trl_seconds[1:])
 
@@ -136,6 +141,8 @@ def run(quick: bool = False) -> Section:
              f"G={group} samples, up to {max_tokens} new tokens, temperature {TEMPERATURE}; one optimiser step over "
              f"the {prompts * group} completions in micro-batches of {alg.micro_batch_size}; median of {repeats} "
              f"step(s) after a warm-up step, ours then TRL's in one process. Machine: {machine()}.")
+    split = (f"Of teamrl's step, sampling took {statistics.median(sampling[1:]):.2f} s (median), the rest is "
+             "advantages and the update.")
     lengths = ("Both sides sample, so completion lengths can differ (an EOS ends a completion early): compare "
                "tokens/s as well as seconds per step.")
     unmatched = ("Not matched: ours runs the prompt a micro-batch's samples share once, with their completions "
@@ -149,7 +156,7 @@ def run(quick: bool = False) -> Section:
                    command=COMMAND + (" --quick" if quick else ""),
                    rows=[row("teamrl", ours, ours_tokens), row(f"TRL {version}", theirs, trl_tokens)],
                    targets=[Target("teamrl / TRL seconds per step", ours / theirs, at_most=0.8)],
-                   notes=[setup, lengths, unmatched])
+                   notes=[setup, split, lengths, unmatched])
 
 
 if __name__ == "__main__":
