@@ -150,38 +150,39 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     return logits[:, :-1], ids_r, mask_r
 
 
-def _packed_logits(model, distinct: list[list[int]], which: list[int], responses: list[list[int]], r_max: int,
+def _packed_logits(model, row_prompts: list[list[int]], row_of: list[int], responses: list[list[int]], r_max: int,
                    pad_id: int) -> torch.Tensor:
-    """Response logits [B, R_max, V] when response i is packed in row `which[i]`, after that row's prompt
-    `distinct[which[i]]`, in one forward pass. Every response's tokens take the positions they would
+    """Response logits [B, R_max, V] when response i is packed in row `row_of[i]`, after that row's prompt
+    `row_prompts[row_of[i]]`, in one forward pass. Every response's tokens take the positions they would
     have right after the prompt, and a 4D attention mask lets them see the prompt and their own earlier
     tokens only, so the prompt is computed (and back-propagated) once for all the responses in its row."""
-    k_rows, dev = len(distinct), _device(model)
-    length = [len(p) for p in distinct]
-    for i, r in enumerate(responses):
-        length[which[i]] += len(r)
+    k_rows, dev = len(row_prompts), _device(model)
+    length = [len(p) for p in row_prompts]
+    for k, r in zip(row_of, responses):
+        length[k] += len(r)
     n = max(length)
     ids = torch.full((k_rows, n), pad_id, dtype=torch.long)
     pos = torch.zeros((k_rows, n), dtype=torch.long)
     seg = torch.full((k_rows, n), -1, dtype=torch.long)  # 0: prompt, i + 1: response i, -1: padding
-    end = [len(p) for p in distinct]
-    for k, p in enumerate(distinct):
+    end = [len(p) for p in row_prompts]
+    for k, p in enumerate(row_prompts):
         ids[k, :len(p)], pos[k, :len(p)], seg[k, :len(p)] = torch.tensor(p, dtype=torch.long), torch.arange(len(p)), 0
     rows = torch.zeros((len(responses), r_max), dtype=torch.long)
     cols = torch.zeros((len(responses), r_max), dtype=torch.long)
     for i, r in enumerate(responses):
-        k, o, p_len = which[i], end[which[i]], len(distinct[which[i]])
+        k = row_of[i]
+        o, p_len = end[k], len(row_prompts[k])
         ids[k, o:o + len(r)], seg[k, o:o + len(r)] = torch.tensor(r, dtype=torch.long), i + 1
         pos[k, o:o + len(r)] = p_len + torch.arange(len(r))
         rows[i] = k
-        cols[i, :len(r)] = torch.tensor([p_len - 1] + list(range(o, o + len(r) - 1)))  # where each token is predicted
+        cols[i, :len(r)] = torch.tensor([p_len - 1] + list(range(o, o + len(r) - 1)))[:len(r)]  # where predicted
         end[k] += len(r)
     q, kv = seg[:, :, None], seg[:, None, :]
     see = torch.ones(n, n, dtype=torch.bool).tril() & (kv >= 0) & ((kv == 0) | (kv == q))
-    see |= torch.eye(n, dtype=torch.bool)  # padding attends to itself (a row of nothing would give NaN)
+    see |= torch.eye(n, dtype=torch.bool)  # every token sees itself: no row of the mask is empty (NaN)
     dtype = model.get_input_embeddings().weight.dtype
     mask = torch.zeros(see.shape, dtype=dtype).masked_fill(~see, torch.finfo(dtype).min)[:, None]
-    first = min(len(p) for p in distinct) - 1  # no logits before the shortest prompt's last token
+    first = min(len(p) for p in row_prompts) - 1  # no logits before the shortest prompt's last token
     logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                    logits_to_keep=n - first).logits
     return logits[rows.to(dev), (cols - first).clamp(min=0).to(dev)]

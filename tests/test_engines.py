@@ -173,6 +173,8 @@ def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(polic
         torch.testing.assert_close(row[:len(w)], w, atol=1e-5, rtol=0)
         assert not row[len(w):].any()
     assert sum(b.norm() for b in grad_want) > 0
+    with torch.no_grad(), policy.acting("a") as m:  # an empty response packs too, with no log-probs
+        assert not gen.response_logprobs(m, [[1, 5], [1, 5]], [[3], []], pad)[1].any()
     for a, b in zip(grad_got, grad_want):  # float32 sums in another order: equal to 1e-4 of the norm
         assert (a - b).norm() <= 1e-4 * b.norm()
 
