@@ -67,7 +67,7 @@ def throughput(policy, pipe, n: int, top_k: int, capacity: int, repeats: int) ->
                    for i, s, e in split_oversized([len(x) for x in ids], capacity)]
     n_docs = sum(len(d) for _, d in work)
     rows = []
-    with policy.acting("system1") as m:
+    with policy.sampling("system1") as m:
         for name, chats in (("packed bins (extract stage)", packed), ("one document per call", single)):
             prompts = [encode_chat(tok, c) for c in chats]
             s = median_seconds(lambda: generate(m, tok, prompts, budget, greedy=True, batch_size=16), repeats, warmup=0)

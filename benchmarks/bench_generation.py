@@ -16,7 +16,11 @@
 3. Prompt sharing: the forward and backward pass of one training micro-batch whose samples share a
    prompt (a GRPO group), with each distinct prompt run once (infra/generation.response_logits: one
    row per distinct prompt, its responses packed after it under a 4D attention mask) vs the prompt
-   run once per sample (`share_prompt=False`, what the trainer did before). Two prompt lengths: a short chat prompt, and a long multi-agent context.
+   run once per sample (`share_prompt=False`, what the trainer did before). Two prompt lengths: a
+   short chat prompt, and a long multi-agent context.
+4. Adapter folding: the engine's batched generate with the agent's LoRA adapter folded into the base
+   weights (`TeamPolicy.sampling`, the fold timed with it) vs the adapter computed on the side of every
+   layer (`TeamPolicy.acting`). No stop token, so both sides generate every token of the budget.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def generation(policy, prompts: list[list[int]], max_new: int, batch_size: int, 
     from infra.generation import generate
 
     tok, rows = policy.tokenizer, []
-    with policy.acting("solver") as model:
+    with policy.sampling("solver") as model:
         def batched():
             return generate(model, tok, prompts, max_new, temperature=1.0, batch_size=batch_size)
 
@@ -115,6 +119,22 @@ def prompt_sharing(policy, prompt_len: int, resp_len: int, group: int, repeats: 
             "prompt per sample (s)": each, "prompt shared (s)": shared, "shared / per sample": shared / each}
 
 
+def adapter_folding(policy, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
+    """Seconds of batched generation with the adapter folded into the base weights vs on the side."""
+    from infra.generation import generate
+
+    def timed(weights) -> float:
+        def once():
+            with weights("solver") as model:
+                generate(model, policy.tokenizer, prompts, max_new, batch_size=16, stop_ids=[-1])
+
+        return median_seconds(once, repeats)
+
+    folded, side = timed(policy.sampling), timed(policy.acting)
+    return {"generation": f"{len(prompts)} prompts x {max_new} tokens", "adapter on the side (s)": side,
+            "adapter folded (s)": folded, "folded / on the side": folded / side}
+
+
 def run(quick: bool = False) -> Section:
     model = "tiny" if quick else "smollm2-135m-instruct"
     n, max_new, repeats = (4, 16, 1) if quick else (16, 64, 3)
@@ -123,12 +143,14 @@ def run(quick: bool = False) -> Section:
     gen = generation(policy, prompts, max_new, batch_size=16, repeats=repeats)
     train = training_mfu(policy, prompts[:8], resp_len=max_new, repeats=repeats)
     sharing = [prompt_sharing(policy, p, 16 if quick else r, 2, repeats) for p, r in ((42, 32), (400, 64))]
+    folding = adapter_folding(policy, prompts[:8], max_new // 2, repeats)
     peak = matmul_peak(1024 if quick else 2048, repeats=3 if quick else 10)
     mfu = train["GFLOP/s"] * 1e9 / peak
     rows = [{"measure": r["generation"], "median s": r["median s"], "rate": f"{r['tokens/s']:.1f} tokens/s"}
             for r in gen]
     rows += [{"measure": train["step"], "median s": train["median s"], "rate": f"{train['GFLOP/s']:.2f} GFLOP/s"},
-             {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"}, *sharing]
+             {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"}, *sharing,
+             folding]
     return Section(
         title="Generation throughput and training MFU",
         command=f".venv/bin/python -m benchmarks.bench_generation{' --quick' if quick else ''}",

@@ -60,7 +60,7 @@ def teamrl_step(policy: TeamPolicy, prompts: list[list[int]], group: int, max_to
     """Rollouts, GRPO advantages and one PPO-clip update of the single agent `solver`; the sampling's
     seconds are appended to `sampling`."""
     t0 = time.perf_counter()
-    with policy.acting("solver") as model:
+    with policy.sampling("solver") as model:
         gens = generate(model, policy.tokenizer, [p for p in prompts for _ in range(group)], max_tokens,
                         temperature=TEMPERATURE)
     sampling.append(time.perf_counter() - t0)

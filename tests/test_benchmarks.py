@@ -39,6 +39,14 @@ def test_prompt_sharing_times_both_ways():
     assert row["prompt shared (s)"] > 0 and row["prompt per sample (s)"] > 0 and row["shared / per sample"] > 0
 
 
+def test_adapter_folding_times_both_ways():
+    from benchmarks.bench_generation import _policy, adapter_folding
+
+    row = adapter_folding(_policy("tiny"), [[1, 5, 9], [1, 7]], max_new=3, repeats=1)
+    assert row["generation"] == "2 prompts x 3 tokens"
+    assert row["adapter folded (s)"] > 0 and row["adapter on the side (s)"] > 0 and row["folded / on the side"] > 0
+
+
 def test_packing_never_beats_the_lower_bound():
     from benchmarks.bench_binpack import _pipeline, packing
     from infra.models import ModelConfig, load_tokenizer

@@ -85,12 +85,83 @@ def test_hf_engine_is_the_generate_it_wraps(policy):
 
     prompts = [[1, 5, 9, 12], [1, 7]]
     torch.manual_seed(11)
-    with policy.acting("a") as m:
+    with policy.sampling("a") as m:
         direct = generate(m, policy.tokenizer, prompts, 6, temperature=0.8, batch_size=4)
     eng = HFGeneration(policy, None, EnginesConfig(batch_size=4), ["a", "b"], 0)
     via = eng.generate(GenerationRequest("a", prompts, 6, temperature=0.8, seed=11))
     assert [g.response_ids for g in via] == [g.response_ids for g in direct]
     assert [g.logprobs for g in via] == [g.logprobs for g in direct]
+
+
+def test_sampling_folds_the_adapter_in_and_gives_the_base_back_bit_exact(policy, tmp_path):
+    """`sampling` runs agent b's adapter folded into the base weights (W + s * B @ A): the same logits as
+    the adapter computed on the side, another weight tensor in the block, and after it the very tensors
+    and bits of the base, every adapter still trainable."""
+    import torch
+
+    from infra.generation import generate
+
+    with torch.no_grad():
+        for p in policy.parameters("b"):
+            p.add_(0.05 * torch.randn_like(p))  # a trained adapter (B != 0)
+    base = {n: (p.data_ptr(), p.detach().clone()) for n, p in policy.model.named_parameters() if "base_layer" in n}
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    try:
+        with torch.no_grad(), policy.acting("b") as m:
+            want = m(input_ids=ids).logits
+        with torch.no_grad(), policy.sampling("b") as m:
+            got = m(input_ids=ids).logits
+            assert any(not torch.equal(p, base[n][1]) for n, p in policy.model.named_parameters() if n in base)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        for n, p in policy.model.named_parameters():
+            if n in base:
+                assert p.data_ptr() == base[n][0] and torch.equal(p, base[n][1])
+        prompts = [[1, 5, 9, 12], [1, 7]]
+        gens = []
+        for ctx in (policy.acting, policy.sampling):
+            torch.manual_seed(3)
+            with ctx("b") as m:
+                gens.append(generate(m, policy.tokenizer, prompts, 6, temperature=0.8, batch_size=4))
+        for a, b in zip(*gens):
+            assert a.response_ids == b.response_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        with policy.acting("a"):
+            assert all(p.requires_grad for agent in ("a", "b") for p in policy.parameters(agent))
+    finally:
+        policy.load(tmp_path, "b", 0)  # the fixture's initial adapter
+
+
+def test_sampling_does_not_fold_partitioned_weights(policy, monkeypatch):
+    """Under a trainer that partitions weights (ZeRO-3 sets `gather`) the base is not whole: `sampling`
+    is `acting`, the adapter on the side."""
+    from contextlib import nullcontext
+
+    monkeypatch.setattr(policy, "gather", lambda params, modify: nullcontext())
+    before = {n: p.data_ptr() for n, p in policy.model.named_parameters() if "base_layer" in n}
+    with policy.sampling("a"):
+        assert all(p.data_ptr() == before[n] for n, p in policy.model.named_parameters() if n in before)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_sampler_draws_from_softmax_over_temperature_and_records_the_logprob(greedy):
+    """The Sampler's inverse-CDF draw: 200k rows of one distribution hit each token at its probability
+    (never one of probability 0); greedy takes the argmax; the scores it returns make that token the argmax."""
+    import torch
+
+    from infra.generation import Sampler
+
+    torch.manual_seed(0)
+    logits = torch.tensor([0.0, 1.0, float("-inf"), 2.0, -1.0])
+    probs = torch.softmax(logits / 0.5, -1)
+    s = Sampler(0.5, greedy)
+    out = s(None, logits.repeat(200_000, 1))
+    picked = out.argmax(-1)
+    freq = torch.bincount(picked, minlength=5).double() / len(picked)
+    if greedy:
+        assert (picked == 3).all() and torch.allclose(s.logprobs()[:, 0], torch.log_softmax(logits, -1)[3])
+    else:
+        assert freq[2] == 0 and torch.allclose(freq, probs.double(), atol=3e-3)
+        torch.testing.assert_close(s.logprobs()[:, 0], probs.log()[picked])
+    assert (out.isinf().sum(-1) == 4).all()
 
 
 class _Chars:
@@ -131,7 +202,7 @@ def test_stop_strings_end_a_row_and_leave_its_batch_mates(policy):
 
 @pytest.mark.parametrize("greedy", [False, True])
 def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
-    """What generate records step by step (SampledLogprobs) is log softmax(logits / T) of the sampled
+    """What generate records step by step (its Sampler) is log softmax(logits / T) of the sampled
     tokens, as scoring the finished responses gives it (greedy: T = 1)."""
     import torch
 

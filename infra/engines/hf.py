@@ -21,7 +21,7 @@ class HFGeneration:
 
     def generate(self, request: GenerationRequest) -> list[Generation]:
         torch.manual_seed(request.seed)
-        with self.policy.acting(request.agent) as model:
+        with self.policy.sampling(request.agent) as model:
             return generate(model, self.policy.tokenizer, request.prompts, request.max_new_tokens,
                             temperature=request.temperature, greedy=request.greedy, batch_size=self.batch_size,
                             stop_ids=list(request.stop_ids) if request.stop_ids else None,
