@@ -145,7 +145,10 @@ def run(quick: bool = False) -> Section:
              "advantages and the update.")
     lengths = ("Both sides sample, so completion lengths can differ (an EOS ends a completion early): compare "
                "tokens/s as well as seconds per step.")
-    unmatched = ("Not matched: ours runs the prompt a micro-batch's samples share once, with their completions "
+    unmatched = ("Not matched: ours samples with the LoRA adapter folded into the base weights "
+                 "(TeamPolicy.sampling) and draws each token by inverse CDF, TRL runs the adapter beside every "
+                 "layer and draws with torch.multinomial (the same distribution either way); ours runs the prompt a "
+                 "micro-batch's samples share once, with their completions "
                  "packed after it (infra/generation.response_logits); TRL runs prompt + completion per sample. "
                  "TRL scores with a fused, tiled LM head (no full logits), also computes each token's "
                  "entropy and its per-step metrics, and keeps one AdamW across steps; `train_agent` builds a fresh "

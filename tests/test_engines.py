@@ -76,7 +76,8 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "deepspeed"))
 
 
 # -- the hf engine and rescoring -------------------------------------------------------------------------
-def test_hf_engine_is_the_generate_it_wraps(policy):
+@pytest.mark.parametrize("fold", [True, False])
+def test_hf_engine_is_the_generate_it_wraps(policy, fold):
     import torch
 
     from infra.engines.config import EnginesConfig
@@ -85,9 +86,10 @@ def test_hf_engine_is_the_generate_it_wraps(policy):
 
     prompts = [[1, 5, 9, 12], [1, 7]]
     torch.manual_seed(11)
-    with policy.sampling("a") as m:
+    with (policy.sampling if fold else policy.acting)("a") as m:
         direct = generate(m, policy.tokenizer, prompts, 6, temperature=0.8, batch_size=4)
-    eng = HFGeneration(policy, None, EnginesConfig(batch_size=4), ["a", "b"], 0)
+    eng = HFGeneration(policy, None, EnginesConfig(batch_size=4, fold_adapter=fold), ["a", "b"], 0)
+    assert eng.weights == (policy.sampling if fold else policy.acting)
     via = eng.generate(GenerationRequest("a", prompts, 6, temperature=0.8, seed=11))
     assert [g.response_ids for g in via] == [g.response_ids for g in direct]
     assert [g.logprobs for g in via] == [g.logprobs for g in direct]

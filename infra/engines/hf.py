@@ -1,6 +1,7 @@
 """The `hf` generation engine: transformers `generate` on the team's own model (infra/generation.py),
-the acting agent's adapter switched on. The CPU default; it shares the weights the trainer updates,
-so a checkpoint loaded into the team (TeamPolicy.load) is what it serves."""
+the acting agent's adapter switched on (folded into the base weights for the call unless
+`engines.fold_adapter` is false). The CPU default; it shares the weights the trainer updates, so a
+checkpoint loaded into the team (TeamPolicy.load) is what it serves."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +15,7 @@ class HFGeneration:
 
     def __init__(self, policy, model_cfg, engines, agents: list[str], seed: int):
         self.policy, self.batch_size = policy, engines.batch_size
+        self.weights = policy.sampling if engines.fold_adapter else policy.acting
 
     def use(self, run_dir, versions: dict[str, int]) -> None:
         for agent, v in versions.items():
@@ -21,7 +23,7 @@ class HFGeneration:
 
     def generate(self, request: GenerationRequest) -> list[Generation]:
         torch.manual_seed(request.seed)
-        with self.policy.sampling(request.agent) as model:
+        with self.weights(request.agent) as model:
             return generate(model, self.policy.tokenizer, request.prompts, request.max_new_tokens,
                             temperature=request.temperature, greedy=request.greedy, batch_size=self.batch_size,
                             stop_ids=list(request.stop_ids) if request.stop_ids else None,
