@@ -45,6 +45,9 @@ class Sampler(LogitsProcessor):
             token = logp.argmax(-1, keepdim=True)
         else:  # the first token whose cumulative probability exceeds u ~ U(0, total)
             cdf = logp.exp().cumsum(-1)
+            if not torch.isfinite(cdf[:, -1]).all():
+                raise FloatingPointError("the model's next-token logits are not finite (NaN or inf weights?): "
+                                         "nothing to sample from")
             u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
             token = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
         self.chosen.append(logp.gather(-1, token).squeeze(-1))

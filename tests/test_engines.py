@@ -164,6 +164,9 @@ def test_sampler_draws_from_softmax_over_temperature_and_records_the_logprob(gre
         assert freq[2] == 0 and torch.allclose(freq, probs.double(), atol=3e-3)
         torch.testing.assert_close(s.logprobs()[:, 0], probs.log()[picked])
     assert (out.isinf().sum(-1) == 4).all()
+    if not greedy:
+        with pytest.raises(FloatingPointError, match="not finite"):
+            s(None, torch.tensor([[0.0, float("nan"), 1.0]]))
 
 
 class _Chars:
