@@ -6,13 +6,15 @@ from __future__ import annotations
 import base64
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from prefect import flow, get_run_logger
+from prefect.context import SettingsContext, get_settings_context
 from prefect.runtime import flow_run
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
@@ -126,13 +128,29 @@ def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig
     return iteration(run_dir, k, agents, algo, seed)
 
 
+_no_heartbeat: list = []  # [(the settings in force, the same with the heartbeat off)]: the last pair made
+
+
+@contextmanager
+def no_heartbeat():
+    """Prefect's settings in force with the flow-run heartbeat off. Made once per settings object:
+    `temporary_settings` rebuilds every setting from the environment on each entry (about 0.1 s, more
+    than the sub-flow run it would wrap)."""
+    ctx = get_settings_context()
+    if not _no_heartbeat or _no_heartbeat[0][0] is not ctx.settings:
+        _no_heartbeat[:] = [(ctx.settings,
+                             ctx.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))]
+    with SettingsContext(profile=ctx.profile, settings=_no_heartbeat[0][1]):
+        yield
+
+
 def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
     """Iteration k as `train` runs it: the sub-flow, the coach-bias monitor, MLflow and the table artifact.
 
     The sub-flow runs without Prefect's flow-run heartbeat: `train`'s own heartbeat covers it, and the
     engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
     rd = str(run_dir)
-    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with no_heartbeat():
         m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
     if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)

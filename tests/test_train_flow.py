@@ -254,3 +254,25 @@ def test_eval_every_gives_a_held_out_curve(prefect_harness, tmp_path):
     run_dir = train(config=tiny_config(tmp_path, "iterations=3", "eval_every=2", "rollout.questions=2"))
     eps = store.read_table(run_dir, "episodes", phase="eval")
     assert sorted(eps["iteration"].unique()) == [0, 2, 3]  # before, every 2nd iteration, after the last
+
+
+def test_iteration_sub_flows_run_without_the_heartbeat_on_settings_made_once():
+    """`no_heartbeat` switches Prefect's flow-run heartbeat off for the block, keeps every other setting, and
+    builds that settings object once per settings in force (Prefect's `temporary_settings` rebuilds it on each
+    entry, about 0.1 s per iteration)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
+    from prefect.settings import temporary_settings
+
+    from flows.train import no_heartbeat
+
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        with no_heartbeat():
+            first = get_current_settings()
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+            assert PREFECT_API_URL.value() == "http://127.0.0.1:1/api"
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 30
+        with no_heartbeat():
+            assert get_current_settings() is first
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:2/api"}), no_heartbeat():
+            assert PREFECT_API_URL.value() == "http://127.0.0.1:2/api"
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
