@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import uuid
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -80,10 +81,10 @@ class TeamPolicy:
     def sampling(self, agent: str):
         """`acting(agent)` for gradient-free generation. With LoRA the agent's adapter is folded into the
         base weights for the block: W + s * B @ A, one matmul per layer and token instead of three
-        (benchmarks/README.md has the figures). The folded tensors replace the base's
-        for the block and the originals come back untouched after it; this costs one extra copy of the
-        adapted weights while it lasts. Not folded (same as `acting`): full copies, partitioned weights
-        (ZeRO-3), and adapter layers other than a plain LoRA Linear."""
+        (benchmarks/README.md has the figures). The folded tensors replace the base's for the block and
+        the originals come back untouched after it; this costs one extra copy of the adapted weights
+        while it lasts. Not folded (same as `acting`): full copies, partitioned weights (ZeRO-3), adapter
+        layers other than a plain LoRA Linear, and a weight another module shares (a tied LM head)."""
         with self.acting(agent) as model:
             layers = self._foldable(agent)
             if not layers:
@@ -110,8 +111,9 @@ class TeamPolicy:
         from peft.tuners.lora import Linear, LoraLayer
 
         layers = [m for m in self.model.modules() if isinstance(m, LoraLayer) and agent in m.lora_A]
+        uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
         plain = all(type(m) is Linear and not m.fan_in_fan_out and not m.use_dora[agent]
-                    and not m.lora_bias[agent] for m in layers)
+                    and not m.lora_bias[agent] and uses[id(m.base_layer.weight)] == 1 for m in layers)
         return layers if plain else []
 
     @contextmanager

@@ -143,6 +143,19 @@ def test_sampling_does_not_fold_partitioned_weights(policy, monkeypatch):
         assert all(p.data_ptr() == before[n] for n, p in policy.model.named_parameters() if n in before)
 
 
+def test_sampling_does_not_fold_into_a_tied_head():
+    """With the LM head adapted and tied to the input embeddings (the tiny model ties them), folding the
+    head's adapter would change the embeddings too: `sampling` leaves every adapter beside its layer."""
+    from infra.models import ModelConfig
+    from infra.policy import TeamPolicy
+
+    tied = TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8, lora_targets=["q_proj", "lm_head"]), ["a"])
+    assert tied.model.get_output_embeddings().base_layer.weight is tied.model.get_input_embeddings().weight
+    assert tied._foldable("a") == []
+    untied = TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8, lora_targets=["q_proj"]), ["a"])
+    assert len(untied._foldable("a")) == 4  # q_proj of each of the tiny model's 4 layers
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_sampler_draws_from_softmax_over_temperature_and_records_the_logprob(greedy):
     """The Sampler's inverse-CDF draw: 200k rows of one distribution hit each token at its probability
