@@ -1,8 +1,9 @@
 """Orchestration overhead: one training iteration as the product runs it vs the same task functions in a plain loop.
 
-    .venv/bin/python -m benchmarks.bench_orchestration [--quick]
+    .venv/bin/python -m benchmarks.bench_orchestration [--quick] [--preset mathchat-smol --repeats 2 --warmup 0]
 
-The `tiny` preset (evaluate=false) in two run folders with the same config and seed; iterations 1, 2, ... of each:
+A preset (`tiny` by default: Prefect's fixed cost is largest against its short iterations; evaluate=false) in
+two run folders with the same config and seed; iterations 1, 2, ... of each:
 
 - Prefect flow + store + MLflow: what `train` does per iteration (`flows.train.train_iteration`): the
   `iteration-<k>` sub-flow (Prefect task runs with their cache keys and result settings), then the
@@ -15,7 +16,8 @@ Both write the same Parquet partitions (checked: the same generated tokens). Eve
 one, so no stage is skipped by a cache or by the store. The two ways alternate, iteration by iteration and in
 alternating order, inside one parent flow (as `train` holds its iterations), so a busy machine's changing load
 shifts both alike. The parts of the overhead are also timed on their own: a no-op task run with the stages'
-options, a no-op sub-flow run with and without Prefect's flow-run heartbeat. One-time costs (the Prefect
+options, a no-op sub-flow run with and without Prefect's flow-run heartbeat, and (inside the iterations) the
+Prefect API calls of the stages' progress artifacts. One-time costs (the Prefect
 server's start, the model's load, the MLflow run's creation) are outside the figures and reported on their own.
 """
 from __future__ import annotations
@@ -26,8 +28,10 @@ import shutil
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+import prefect.artifacts
 from prefect import flow, task
 
 from benchmarks.common import Section, Target, median_seconds
@@ -45,9 +49,9 @@ def agent_names(rd: str) -> list[str]:
     return [a.name for a in context.pipeline(rd).agents]
 
 
-def new_run(root: Path, name: str) -> str:
+def new_run(root: Path, name: str, preset: str) -> str:
     """A run folder with version-0 checkpoints, as `train` prepares it (the first call loads the model)."""
-    cfg = load_config("tiny", [f"run.dir={root}", f"run.id={name}", "evaluate=false", "iterations=100"])
+    cfg = load_config(preset, [f"run.dir={root}", f"run.id={name}", "evaluate=false", "iterations=100"])
     rd = str(runs.create_run(root, name, cfg.model_dump(mode="json")))
     policy = context.policy(rd)
     for a in agent_names(rd):
@@ -72,6 +76,30 @@ def noop_flow() -> None:
     pass
 
 
+@contextmanager
+def clocked(module, names: tuple[str, ...], spent: list[float]):
+    """While inside, each call of module.<name> adds its seconds to `spent` (patched on the module, which
+    infra/progress.py imports them from at each call)."""
+    originals = {n: getattr(module, n) for n in names}
+
+    def timer(fn):
+        def timed_call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - t0)
+        return timed_call
+
+    try:
+        for n, fn in originals.items():
+            setattr(module, n, timer(fn))
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(module, n, fn)
+
+
 @flow(name="bench-orchestration")
 def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     """Iterations of the two runs, alternately; then the overhead's parts, each on its own."""
@@ -81,9 +109,12 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     out = {"tracker_s": time.perf_counter() - t0, "flow": [], "plain": []}
 
     def through_prefect(k: int) -> None:
+        spent: list[float] = []  # the progress artifacts' API calls, inside the stages' times
         t0 = time.perf_counter()
-        m = train_iteration(Path(rd_flow), k, agents, cfg, tracker)
-        out["flow"].append(split(m, time.perf_counter() - t0))
+        with clocked(prefect.artifacts, ("create_progress_artifact", "update_progress_artifact"), spent):
+            m = train_iteration(Path(rd_flow), k, agents, cfg, tracker)
+        out["flow"].append(split(m, time.perf_counter() - t0) | {"progress artifacts": sum(spent),
+                                                                 "progress calls": len(spent)})
 
     def plain(k: int) -> None:
         t0 = time.perf_counter()
@@ -118,17 +149,20 @@ def row(way: str, splits: list[dict]) -> dict:
                            for k in ("s / iteration", *STAGES, *EXTRAS)}
 
 
-def run(quick: bool = False) -> Section:
+def run(quick: bool = False, preset: str = "tiny", repeats: int | None = None, warmup: int | None = None) -> Section:
     from prefect.testing.utilities import prefect_test_harness
 
-    repeats, warmup = (1, 0) if quick else (5, 1)
+    custom = repeats is not None or warmup is not None
+    repeats = repeats or (1 if quick else 5)
+    warmup = (0 if quick else 1) if warmup is None else warmup
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
     try:
         t0 = time.perf_counter()
-        rd_plain = new_run(root, "plain")
+        rd_plain = new_run(root, "plain", preset)
         model_s = time.perf_counter() - t0
-        rd_flow = new_run(root, "flow")
+        rd_flow = new_run(root, "flow", preset)
+        cfg = saved_config(Path(rd_flow))
         task_runs = 3 + len(agent_names(rd_flow))  # collect, coach, advantages, one update per agent
         t0 = time.perf_counter()
         with prefect_test_harness(server_startup_timeout=120):
@@ -140,19 +174,24 @@ def run(quick: bool = False) -> Section:
 
     f = row("Prefect flow + store + MLflow", out["flow"][warmup:])
     p = row("plain loop of the task functions", out["plain"][warmup:])
+    calls = statistics.median(s["progress calls"] for s in out["flow"][warmup:])
     parts = {f"{task_runs} task runs (a no-op one: {out['task run'] * 1000:.1f} ms)": task_runs * out["task run"],
+             f"{calls:g} progress-artifact calls": statistics.median(s["progress artifacts"] for s in out["flow"][warmup:]),
              "the sub-flow run, MLflow and the artifact (flow minus plain rest of the iteration)":
                  f["rest of the iteration"] - p["rest of the iteration"]}
     overhead = sum(parts.values())
     listed = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
     return Section(
         title="Orchestration overhead (Prefect + Parquet store + MLflow vs a plain loop)",
-        command=".venv/bin/python -m benchmarks.bench_orchestration" + (" --quick" if quick else ""),
+        command=".venv/bin/python -m benchmarks.bench_orchestration" + (" --quick" if quick else "")
+                + (f" --preset {preset}" if preset != "tiny" else "") + (f" --repeats {repeats}" if custom else "")
+                + (f" --warmup {warmup}" if custom else ""),
         rows=[f, p],
         targets=[Target("Prefect flow / plain loop", f["s / iteration"] / p["s / iteration"], at_most=1.05)],
         notes=[
-            (f"tiny preset: an iteration plays 4 questions x 2 episodes, scores them with the rubric coach and "
-             f"updates {task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, "
+            (f"{preset} preset ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
+             f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and updates "
+             f"{task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, "
              f"the two ways alternating (columns are medians of their own); load average {load:.1f} on "
              f"{os.cpu_count()} cores at the start"),
             (f"overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "
@@ -172,4 +211,8 @@ def run(quick: bool = False) -> Section:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one iteration per way, no warm-up")
-    print(run(ap.parse_args().quick).markdown())
+    ap.add_argument("--preset", default="tiny", help="the preset whose iterations are timed")
+    ap.add_argument("--repeats", type=int, help="timed iterations per way (default 5, 1 with --quick)")
+    ap.add_argument("--warmup", type=int, help="untimed iterations per way first (default 1, 0 with --quick)")
+    a = ap.parse_args()
+    print(run(a.quick, a.preset, a.repeats, a.warmup).markdown())
