@@ -1,8 +1,9 @@
 """Orchestration overhead: one training iteration as the product runs it vs the same task functions in a plain loop.
 
-    .venv/bin/python -m benchmarks.bench_orchestration [--quick] [--preset mathchat-smol --repeats 2 --warmup 0]
+    .venv/bin/python -m benchmarks.bench_orchestration [--quick] [--preset NAME --repeats 2 --warmup 0]
 
-A preset (`tiny` by default: Prefect's fixed cost is largest against its short iterations; evaluate=false) in
+Two presets in turn, `tiny` (Prefect's fixed cost is largest against its short iterations) and the demo's
+`mathchat-smol` (`--quick`: tiny only; `--preset`: the one named). Each with evaluate=false, in
 two run folders with the same config and seed; iterations 1, 2, ... of each:
 
 - Prefect flow + store + MLflow: what `train` does per iteration (`flows.train.train_iteration`): the
@@ -149,12 +150,10 @@ def row(way: str, splits: list[dict]) -> dict:
                            for k in ("s / iteration", *STAGES, *EXTRAS)}
 
 
-def run(quick: bool = False, preset: str = "tiny", repeats: int | None = None, warmup: int | None = None) -> Section:
+def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], Target, list[str]]:
+    """One preset's two rows, its ratio, and notes on what the overhead is made of."""
     from prefect.testing.utilities import prefect_test_harness
 
-    custom = repeats is not None or warmup is not None
-    repeats = repeats or (1 if quick else 5)
-    warmup = (0 if quick else 1) if warmup is None else warmup
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
     try:
@@ -172,8 +171,8 @@ def run(quick: bool = False, preset: str = "tiny", repeats: int | None = None, w
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    f = row("Prefect flow + store + MLflow", out["flow"][warmup:])
-    p = row("plain loop of the task functions", out["plain"][warmup:])
+    f = {"preset": preset} | row("Prefect flow + store + MLflow", out["flow"][warmup:])
+    p = {"preset": preset} | row("plain loop of the task functions", out["plain"][warmup:])
     calls = statistics.median(s["progress calls"] for s in out["flow"][warmup:])
     parts = {f"{task_runs} task runs (a no-op one: {out['task run'] * 1000:.1f} ms)": task_runs * out["task run"],
              f"{calls:g} progress-artifact calls": statistics.median(s["progress artifacts"] for s in out["flow"][warmup:]),
@@ -181,38 +180,50 @@ def run(quick: bool = False, preset: str = "tiny", repeats: int | None = None, w
                  f["rest of the iteration"] - p["rest of the iteration"]}
     overhead = sum(parts.values())
     listed = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
+    notes = [
+        (f"{preset} ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
+         f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and updates "
+         f"{task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, the two ways "
+         f"alternating (columns are medians of their own); load average {load:.1f} on {os.cpu_count()} cores at "
+         "the start"),
+        (f"{preset} overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "
+         f"without the noise of the stages' compute: {listed} = {overhead:.2f} s, a ratio of "
+         f"{1 + overhead / p['s / iteration']:.3f}"),
+        (f"{preset}: a no-op sub-flow run takes {out['sub-flow run'] * 1000:.0f} ms, "
+         f"{out['sub-flow run, no heartbeat'] * 1000:.0f} ms without Prefect's flow-run heartbeat (on exit the "
+         "flow engine joins the heartbeat thread, which sleeps in 1 s steps, so `train` runs its iteration "
+         "sub-flows without it); the rest is the flow run's API calls; one-time, not in the figures: Prefect "
+         f"server start {server_s:.1f} s, model load and first run folder {model_s:.1f} s, MLflow database and "
+         f"run creation {out['tracker_s']:.1f} s"),
+    ]
+    target = Target(f"{preset}: Prefect flow / plain loop", f["s / iteration"] / p["s / iteration"], at_most=1.05)
+    return [f, p], target, notes
+
+
+# (preset, timed iterations per way, warm-up iterations): tiny's short iterations show Prefect's fixed cost
+# at its largest; mathchat-smol's are the demo's (about 2 minutes each here)
+PLAN = [("tiny", 5, 1), ("mathchat-smol", 2, 0)]
+
+
+def run(quick: bool = False, plan: list[tuple[str, int, int]] | None = None) -> Section:
+    plan = plan or ([("tiny", 1, 0)] if quick else PLAN)
+    rows, targets, notes = [], [], []
+    for preset, repeats, warmup in plan:
+        r, t, n = measure(preset, repeats, warmup)
+        rows, targets, notes = rows + r, targets + [t], notes + n
+    custom = plan not in (PLAN, [("tiny", 1, 0)])
     return Section(
         title="Orchestration overhead (Prefect + Parquet store + MLflow vs a plain loop)",
         command=".venv/bin/python -m benchmarks.bench_orchestration" + (" --quick" if quick else "")
-                + (f" --preset {preset}" if preset != "tiny" else "") + (f" --repeats {repeats}" if custom else "")
-                + (f" --warmup {warmup}" if custom else ""),
-        rows=[f, p],
-        targets=[Target("Prefect flow / plain loop", f["s / iteration"] / p["s / iteration"], at_most=1.05)],
-        notes=[
-            (f"{preset} preset ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
-             f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and updates "
-             f"{task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, "
-             f"the two ways alternating (columns are medians of their own); load average {load:.1f} on "
-             f"{os.cpu_count()} cores at the start"),
-            (f"overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "
-             f"without the noise of the stages' compute: {listed} = {overhead:.2f} s, a ratio of "
-             f"{1 + overhead / p['s / iteration']:.3f}"),
-            (f"a no-op sub-flow run takes {out['sub-flow run'] * 1000:.0f} ms, "
-             f"{out['sub-flow run, no heartbeat'] * 1000:.0f} ms without Prefect's flow-run heartbeat: on exit the "
-             "flow engine joins the heartbeat thread, which sleeps in 1 s steps (up to 1 s per flow run, 0.5 s on "
-             "average for a long one; PREFECT_FLOWS_HEARTBEAT_FREQUENCY, 180 s by default), so `train` runs its "
-             "iteration sub-flows without it; the rest is the flow run's API calls"),
-            (f"one-time, not in the figures: Prefect server start {server_s:.1f} s, model load and first run folder "
-             f"{model_s:.1f} s, MLflow database and run creation {out['tracker_s']:.1f} s"),
-        ],
-    )
+                + ("".join(f" --preset {p} --repeats {r} --warmup {w}" for p, r, w in plan) if custom else ""),
+        rows=rows, targets=targets, notes=notes)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one iteration per way, no warm-up")
-    ap.add_argument("--preset", default="tiny", help="the preset whose iterations are timed")
-    ap.add_argument("--repeats", type=int, help="timed iterations per way (default 5, 1 with --quick)")
-    ap.add_argument("--warmup", type=int, help="untimed iterations per way first (default 1, 0 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="the tiny preset only, one iteration per way, no warm-up")
+    ap.add_argument("--preset", help="time this preset only (default: tiny, then mathchat-smol)")
+    ap.add_argument("--repeats", type=int, default=2, help="with --preset: timed iterations per way")
+    ap.add_argument("--warmup", type=int, default=0, help="with --preset: untimed iterations per way first")
     a = ap.parse_args()
-    print(run(a.quick, a.preset, a.repeats, a.warmup).markdown())
+    print(run(a.quick, [(a.preset, a.repeats, a.warmup)] if a.preset else None).markdown())
