@@ -18,12 +18,12 @@ class _PrefectProgress:
     the first publish: a stage shorter than the interval costs one call, its artifact born at its final
     value; a longer one appears after the interval and then moves."""
 
-    def __init__(self, description: str, total: int, every: float = PUBLISH_EVERY_S):
-        self.description, self.total, self.every = description, total, every
-        self.id, self.sent, self.last = None, None, time.monotonic()
+    def __init__(self, description: str, total: int, every: float = PUBLISH_EVERY_S, clock=time.monotonic):
+        self.description, self.total, self.every, self.clock = description, total, every, clock
+        self.id, self.sent, self.last = None, None, clock()
 
     def __call__(self, done: int, final: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not final and now - self.last < self.every:
             return
         from prefect.artifacts import create_progress_artifact, update_progress_artifact

@@ -19,8 +19,7 @@ def calls(monkeypatch):
     log, clock = [], Clock()
     monkeypatch.setattr(pa, "create_progress_artifact", lambda v, description: log.append(("create", v)) or "id")
     monkeypatch.setattr(pa, "update_progress_artifact", lambda aid, progress: log.append((aid, progress)))
-    monkeypatch.setattr(progress.time, "monotonic", clock)
-    monkeypatch.setattr(progress, "_prefect_progress", lambda d, n: progress._PrefectProgress(d, n, every=5.0))
+    monkeypatch.setattr(progress, "_prefect_progress", lambda d, n: progress._PrefectProgress(d, n, 5.0, clock))
     return log, clock
 
 
