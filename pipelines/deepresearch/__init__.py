@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import continue_chat, encode_chat
-from infra.sandbox import SandboxConfig, run_python, use_bwrap
+from infra.sandbox import SandboxConfig, preflight, run_python
 from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
@@ -100,7 +100,7 @@ class DeepResearch:
         if cfg.system1:
             self.agents.append(AgentSpec("system1", "System 1: extracts from the packed tool output the facts "
                                          "that serve System 2's purpose", system=1))
-        use_bwrap(cfg.sandbox)
+        preflight(cfg.sandbox)
 
     @cached_property
     def _data(self) -> tuple[list[corpus.Document], list[corpus.ResearchProblem], list[corpus.ResearchProblem]]:

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import encode_chat
-from infra.sandbox import SandboxConfig, run_python, use_bwrap
+from infra.sandbox import SandboxConfig, preflight, run_python
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
@@ -122,7 +122,7 @@ class DSBench:
 
     def __init__(self, cfg: DSBenchConfig, seed: int):
         self.cfg, self.seed = cfg, seed
-        use_bwrap(cfg.sandbox)
+        preflight(cfg.sandbox)
 
     def problems(self, split: str) -> list[Problem]:
         if split == "train":

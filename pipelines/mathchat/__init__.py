@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.sandbox import SandboxConfig, run_python, use_bwrap
+from infra.sandbox import SandboxConfig, preflight, run_python
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
@@ -47,7 +47,7 @@ class MathChat:
 
     def __init__(self, cfg: MathChatConfig, seed: int):
         self.cfg, self.seed = cfg, seed
-        use_bwrap(cfg.sandbox)  # fail now, not mid-rollout, if strict isolation cannot run here
+        preflight(cfg.sandbox)  # fail now, not mid-rollout, if strict isolation cannot run here
 
     def problems(self, split: str) -> list[Problem]:
         if self.cfg.problems_file:

@@ -1,0 +1,129 @@
+"""Sandbox calls under hostile load (infra/sandbox_slots.py) and calls that fail to start (infra faults).
+
+Runaway programs in some calls must not stop benign calls running at the same time from starting or
+change their output; a call that cannot start is retried, then reported as `infra_error`, never as the
+program's own failure.
+"""
+import errno
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from infra import sandbox, sandbox_slots
+from infra.sandbox import INFRA_PREFIX, SandboxConfig, run_python
+from tests.test_sandbox import cfg, left_running, mode  # noqa: F401  (the isolation-mode fixture)
+
+RUNAWAY = {
+    "fork-bomb": "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.001)",
+    "memory-bomb": ("import os\nfor _ in range(4):\n    os.fork()\nx = []\nwhile True:\n"
+                    "    try:\n        x.append(bytearray(10**7))\n    except MemoryError:\n        pass"),
+    "sleeping-children": ("import subprocess, sys, time\nwhile True:\n    try:\n"
+                          "        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+                          "start_new_session=True)\n    except OSError:\n        time.sleep(0.01)"),
+}
+BENIGN = "import os, subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'print({n} * 7)'], " \
+         "capture_output=True, text=True).stdout.strip(), os.getpid() > 0)"
+
+
+@pytest.mark.timeout(300)
+def test_runaway_calls_do_not_stop_concurrent_benign_calls(mode):  # noqa: F811
+    """Three runaway programs per kind while 24 benign calls (each spawning a child) run beside them."""
+    if mode == "rlimits" and sandbox_slots.budgets() == "shared":
+        pytest.skip("without a uid or cgroup per call every call shares one process quota (see sandbox_slots)")
+    hostile = cfg(mode, timeout_s=4, max_processes=48, memory_mb=128, call_memory_mb=512)
+    benign = cfg(mode, timeout_s=60)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        bad = [pool.submit(run_python, code, hostile) for code in RUNAWAY.values() for _ in range(3)]
+        time.sleep(1.0)  # the runaways are at their limits before the benign calls start
+        good = [pool.submit(run_python, BENIGN.format(n=n), benign) for n in range(24)]
+        good = [f.result() for f in good]
+        bad = [f.result() for f in bad]
+    for n, r in enumerate(good):
+        assert r.ok and r.infra_error is None and r.stdout == f"{n * 7} True\n", r
+    for r in bad:  # each runaway ended by its wall clock, nothing of it left running
+        assert r.timed_out and r.infra_error is None, r
+        assert left_running(r.workdir) == []
+    if os.geteuid() == 0:
+        for uid in range(hostile.uid_base, hostile.uid_base + hostile.uid_count):
+            assert sandbox_slots.processes_of(uid) == [], f"processes of sandbox uid {uid} outlived their call"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root trainer runs calls as uids of the pool")
+def test_concurrent_calls_hold_distinct_uids():
+    code = "import os, time\ntime.sleep(0.5)\nprint(os.getuid())"
+    c = SandboxConfig(isolation="rlimits", uid_count=8)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        uids = [int(r.stdout) for r in pool.map(lambda _: run_python(code, c), range(6))]
+    assert len(set(uids)) == 6 and all(c.uid_base <= u < c.uid_base + 8 for u in uids)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root trainer runs calls as uids of the pool")
+def test_a_process_left_behind_by_a_killed_trainer_is_killed_before_its_uid_is_reused():
+    c = SandboxConfig(isolation="rlimits", uid_count=1)
+    stray = subprocess.Popen(["sleep", "600"], user=c.uid_base, group=c.uid_base, start_new_session=True)
+    try:
+        r = run_python("print('ok')", c)
+        assert r.ok and stray.wait(timeout=10) == -9
+    finally:
+        stray.kill()
+
+
+def test_bwrap_that_cannot_create_namespaces_is_an_infra_fault_retried_then_reported(caplog):
+    """The fault the issue reported: EAGAIN when bwrap clones (here: a process quota of 1 leaves it no room)."""
+    if sandbox.bwrap_problem():
+        pytest.skip("needs bubblewrap")
+    r = run_python("print(1)", SandboxConfig(isolation="bwrap", max_processes=1, start_retries=2, retry_backoff_s=0.01))
+    assert r.infra_error and "Creating new namespace failed" in r.infra_error, r
+    assert not r.ok and r.returncode is None and r.stdout == ""
+    assert r.feedback().startswith(INFRA_PREFIX) and "ERROR" not in r.feedback()
+    assert sum("failed to start" in m for m in caplog.messages) == 3  # the first try and two retries
+
+
+def test_spawn_failure_is_retried_and_a_recovered_call_runs_normally(mode, monkeypatch):  # noqa: F811
+    real, calls = sandbox.subprocess.Popen, []
+
+    def flaky(*a, **kw):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", flaky)
+    r = run_python("print(6 * 7)", cfg(mode, retry_backoff_s=0.01))
+    assert r.ok and r.stdout == "42\n" and len(calls) == 3
+
+
+def test_spawn_failure_that_persists_is_reported(mode, monkeypatch):  # noqa: F811
+    def broken(*a, **kw):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", broken)
+    r = run_python("print(6 * 7)", cfg(mode, start_retries=1, retry_backoff_s=0.01))
+    assert r.infra_error == "spawn failed: [Errno 12] Cannot allocate memory" and not r.ok
+    assert r.feedback().startswith(INFRA_PREFIX)
+
+
+def test_missing_interpreter_is_an_infra_fault(mode, monkeypatch, tmp_path):  # noqa: F811
+    gone = tmp_path / "python3"
+    monkeypatch.setattr(sandbox, "interpreter", lambda *a: str(gone))
+    r = run_python("print(1)", cfg(mode, start_retries=0))
+    assert r.infra_error == f"interpreter {gone} is missing"
+
+
+def test_a_failing_shim_step_is_an_infra_fault(mode, monkeypatch):  # noqa: F811
+    """Anything between the spawn and the program's start (joining cgroups, rlimits, dropping the uid)."""
+    real = sandbox._shim
+    monkeypatch.setattr(sandbox, "_shim", lambda *a: [x if not x.startswith("NPROC=") else "NOSUCHLIMIT=1:1"
+                                                       for x in real(*a)])
+    r = run_python("print(1)", cfg(mode, start_retries=0))
+    assert r.infra_error and "AttributeError" in r.infra_error and "RLIMIT_NOSUCHLIMIT" in r.infra_error
+
+
+def test_a_program_that_prints_like_an_infra_fault_is_still_its_own_error(mode):  # noqa: F811
+    code = "import sys\nsys.stderr.write('bwrap: Creating new namespace failed: Resource temporarily unavailable\\n')\n" \
+           "sys.exit(1)"
+    r = run_python(code, cfg(mode))
+    assert r.infra_error is None and r.returncode == 1 and r.feedback().startswith("ERROR: bwrap:")
