@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from infra import store
+from infra.retry import INFRA_KINDS, infra_kind
 from tasks.coach import ERROR_KINDS, STATUSES
 from tasks.evaluation import bootstrap_ci, pass_at_k
 
@@ -17,8 +18,9 @@ def is_eval(phase: str) -> bool:
 
 
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
-    """Success, coach score and reward per agent, response length, code errors of one partition, and the
-    number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`)."""
+    """Success, coach score and reward per agent, response length, code errors of one partition, the
+    number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`) and
+    of episodes per infrastructure fault kind (`infra_error/<kind>`)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
@@ -38,6 +40,8 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
             m["system1/compression"] = float(em["s1_tokens_in"].sum() / em["s1_tokens_out"].sum())
         if em.get("s1_bins_lower_bound", pd.Series(dtype=float)).sum() > 0:  # FFD bins vs ceil(sum / capacity)
             m["system1/bins_over_lower_bound"] = float(em["s1_bins"].sum() / em["s1_bins_lower_bound"].sum())
+    kinds = eps["infra_error"].dropna().map(infra_kind).value_counts()
+    m |= {f"infra_error/{k}": float(kinds.get(k, 0)) for k in INFRA_KINDS}  # episodes an infrastructure fault hit
     if len(sampled):
         per_q = sampled.groupby("group_id")["success"].agg(["size", "sum"])
         k = int(per_q["size"].min())

@@ -35,6 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra import sandbox_slots
+from infra.retry import infra_record
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,11 @@ class SandboxConfig(BaseModel):
 
 # starts the feedback of a program that never ran: told apart from the program's own errors
 INFRA_PREFIX = "NOT RUN (infrastructure fault, not the program's):"
+
+
+def sandbox_fault(r: "SandboxResult | None") -> str | None:
+    """An action's `infra_error` for a call that never ran (None when it ran, or no code was given)."""
+    return infra_record("sandbox", r.infra_error) if r is not None and r.infra_error else None
 
 
 class SandboxUnavailable(RuntimeError):

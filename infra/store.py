@@ -46,6 +46,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         pa.field("policy_versions", pa.map_(pa.string(), pa.int32())),
         pa.field("question", pa.string()),
         pa.field("answer", pa.string()),
+        pa.field("infra_error", pa.string()),  # `<kind>: <message>` when an infrastructure fault hit it (infra/retry.py)
     ]),
     "actions": pa.schema(_key_fields + [
         pa.field("role", pa.string()),
@@ -61,6 +62,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         pa.field("tool_input", pa.string()),
         pa.field("tool_output", pa.string()),
         pa.field("parent_turn", pa.int32()),
+        pa.field("infra_error", pa.string()),  # the tool never ran: `<kind>: <message>` (infra/retry.py)
     ]),
     "coach": pa.schema(_key_fields + [
         pa.field("score", pa.float64()),

@@ -34,6 +34,7 @@ class Episode:
     success: bool = False
     outcome: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    infra_error: str | None = None  # an infrastructure fault outside any action (a scorer): infra.retry.infra_record
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ToolCall:
 
     purpose: str            # why System 2 called the tool: what System 1 should look for
     documents: list[str]    # the raw outputs (search hits, program output), each packed as one item
+    infra_error: str | None = None  # the tool backend failed (infra.retry.infra_record); documents say so
 
 
 @dataclass
@@ -87,13 +89,14 @@ class Pipeline(Protocol):
 
 def action_row(turn: int, agent: str, g: Generation, system: int = 0, prompt_ids: list[int] | None = None,
                tool_name: str | None = None, tool_input: str | None = None, tool_output: str | None = None,
-               parent_turn: int | None = None) -> dict:
+               parent_turn: int | None = None, infra_error: str | None = None) -> dict:
     """One `actions` row of an episode (without the run keys): a generation and the tool call it made.
-    `prompt_ids` defaults to the generation's prompt (a MARS System-2 turn passes its token context)."""
+    `prompt_ids` defaults to the generation's prompt (a MARS System-2 turn passes its token context);
+    `infra_error`: the tool could not run (infra.retry.infra_record), so the episode is not scored."""
     return {"turn": turn, "agent": agent, "role": agent, "system": system,
             "prompt_ids": list(g.prompt_ids if prompt_ids is None else prompt_ids), "response_ids": g.response_ids,
             "logprobs": g.logprobs, "response_text": g.text, "tool_name": tool_name, "tool_input": tool_input,
-            "tool_output": tool_output, "parent_turn": parent_turn}
+            "tool_output": tool_output, "parent_turn": parent_turn, "infra_error": infra_error}
 
 
 CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.engines.pool import ClientPool
+from infra.retry import INFRA_KINDS
 
 SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
           "PROCESS_SCORE: N (N an integer from 0 to 10).")
@@ -34,7 +35,9 @@ SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
 STATUSES = ("ok", "malformed", "timeout", "error", "skipped")
 # Why a score is missing, finer: the request's last error after the retries, or what was wrong with the reply.
 ERROR_KINDS = {"timeout": "timeout", "rate_limited": "error", "server_error": "error", "connection_error": "error",
-               "other": "error", "not_a_completion": "malformed", "no_valid_score": "malformed"}  # kind -> status
+               "other": "error", "not_a_completion": "malformed", "no_valid_score": "malformed",
+               # an infrastructure fault in the episode (infra/retry.py): not the agents' doing, so no score
+               **{f"infra_{k}": "error" for k in INFRA_KINDS}}  # kind -> status
 
 
 class CoachConfig(BaseModel):

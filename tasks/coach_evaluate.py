@@ -8,9 +8,11 @@ from prefect import task
 
 from infra import store
 from infra.faults import crash_point
+from infra.retry import InfraFault, infra_kind, infra_record, infra_share_check, with_retries
 from pipelines.base import Episode, Problem
 from tasks import context
 from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
+from tasks.collect_rollouts import RolloutConfig
 
 
 def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Episode]:
@@ -25,12 +27,26 @@ def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Ep
         out.append(Episode(problem=Problem(e["task_id"], e["question"], e["answer"]), episode_id=e["episode_id"],
                            group_id=e["group_id"], actions=by_ep.get(e["episode_id"], []),
                            final_answer=e["final_answer"], success=bool(e["success"]), outcome=float(e["outcome"]),
-                           metrics=dict(e["metrics"] or {})))
+                           metrics=dict(e["metrics"] or {}), infra_error=e["infra_error"]))
     return out
 
 
+def unscored(e: Episode, record: str) -> list[CoachResult]:
+    """Every action of an episode an infrastructure fault hit: no score, so no gradient."""
+    kind = infra_kind(record)
+    return [CoachResult(None, f"not scored: infrastructure fault ({record})", "error", 0.0, error_kind=f"infra_{kind}")
+            for _ in e.actions]
+
+
 def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
+    """Each episode's scores; an episode an infrastructure fault hit is never scored, whatever the backend."""
     cfg = context.section(run_dir, "coach", CoachConfig)
+    clean = [e for e in episodes if not e.infra_error]
+    scored = dict(zip((e.episode_id for e in clean), _score_clean(run_dir, cfg, clean)))
+    return [unscored(e, e.infra_error) if e.infra_error else scored[e.episode_id] for e in episodes]
+
+
+def _score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
     pipe = context.pipeline(run_dir)
     if cfg.backend == "outcome":  # MAPPA's outcome-only baseline: the shared sparse team reward
         return [[CoachResult(10.0 * e.outcome, "episode outcome", "ok", 0.0) for _ in e.actions] for e in episodes]
@@ -38,7 +54,11 @@ def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResu
         out = []
         for e in episodes:
             t0 = time.perf_counter()
-            scores = pipe.rubric(e)
+            try:
+                scores = with_retries(lambda: pipe.rubric(e), "scorer", f"the rubric on {e.episode_id}")
+            except InfraFault as fault:
+                out.append(unscored(e, infra_record(fault.kind, fault.message)))
+                continue
             dt = (time.perf_counter() - t0) / max(1, len(scores))
             out.append([CoachResult(s, why, "ok" if s is not None else "skipped", dt) for s, why in scores])
         return out
@@ -70,6 +90,9 @@ def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
         cfg = context.section(run_dir, "coach", CoachConfig)
         episodes = load_partition_episodes(run_dir, iteration, phase)
         results = score_episodes(run_dir, episodes)
+        faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
+        infra_share_check(len(faults), sum(map(len, results)), context.section(run_dir, "rollout", RolloutConfig)
+                          .max_infra_share, f"iteration {iteration}, {phase} (coach)", faults[0] if faults else None)
         model = cfg.model if cfg.backend == "llm" else cfg.backend
         run_id = context.value(run_dir, "run_id")
         rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,

@@ -11,6 +11,7 @@ from infra import store
 from infra.faults import crash_point
 from infra.generation import EnginesConfig, GenerationRequest, encode_chat, score_logprobs
 from infra.progress import progress_bar
+from infra.retry import infra_share_check
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.extract import extract
@@ -28,6 +29,16 @@ class RolloutConfig(BaseModel):
     eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
     eval_samples: int = Field(0, ge=0, le=64, description="sampled episodes per held-out question for pass@k "
                               "(0: greedy only)")
+    max_infra_share: float = Field(0.1, ge=0, le=1, description="stop the run when more than this share of a "
+                                   "partition's actions are left unscored by infrastructure faults (a sandbox that "
+                                   "would not start, a tool backend or scorer that failed after its retries)")
+
+
+def check_infra_share(episodes: list, limit: float, where: str) -> None:
+    """Stop when the actions of episodes an infrastructure fault hit exceed `limit` of all actions."""
+    faulted = [e for e in episodes if e.infra_error]
+    infra_share_check(sum(len(e.actions) for e in faulted), sum(len(e.actions) for e in episodes), limit, where,
+                      faulted[0].infra_error if faulted else None)
 
 
 def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
@@ -78,6 +89,9 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
             episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
         e.metrics["greedy"] = float(greedy)
+        e.infra_error = e.infra_error or next((a["infra_error"] for a in e.actions if a["infra_error"]), None)
+        e.metrics["infra_error"] = float(e.infra_error is not None)
+    check_infra_share(episodes, cfg.max_infra_share, f"iteration {iteration}, {phase} ({part})")
 
     run_id = context.value(run_dir, "run_id")
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
@@ -103,7 +117,7 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
                 "task_id": e.problem.task_id, "group_id": e.group_id, "pipeline": pipe.name,
                 "success": e.success, "outcome": e.outcome, "metrics": e.metrics, "final_answer": e.final_answer,
                 "num_turns": len(e.actions), "policy_versions": dict(versions), "question": e.problem.question,
-                "answer": e.problem.answer} for e in episodes]
+                "answer": e.problem.answer, "infra_error": e.infra_error} for e in episodes]
     # actions first, episodes last: the episodes file marks the partition pair complete.
     store.write_partition(run_dir, "actions", iteration, phase, rows, name=part)
     crash_point("resample" if phase.startswith("resample") else "collect_rollouts")

@@ -31,8 +31,10 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         for r in recs:
             coach = r["score"]
             ok = coach is not None and not (isinstance(coach, float) and np.isnan(coach))
-            s = outcome[r["episode_id"]] if trajectory else (
-                blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None)
+            if trajectory:  # the episode's reward, unless an infrastructure fault made its outcome meaningless
+                s = None if str(r["error_kind"]).startswith("infra_") else outcome[r["episode_id"]]
+            else:
+                s = blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None
             ref = None if r["ref_logprobs"] is None else np.asarray(r["ref_logprobs"], np.float64)
             samples.append(Sample(r["episode_id"], group[r["episode_id"]], r["agent"], int(r["turn"]),
                                   np.asarray(r["logprobs"], np.float64), ref, s))

@@ -127,3 +127,58 @@ def test_a_program_that_prints_like_an_infra_fault_is_still_its_own_error(mode):
            "sys.exit(1)"
     r = run_python(code, cfg(mode))
     assert r.infra_error is None and r.returncode == 1 and r.feedback().startswith("ERROR: bwrap:")
+
+
+# Runaways that use up their quotas but hardly any CPU, so the benign programs' timings stay as they
+# were (a 2-core machine): forks until refused, children that sleep, memory up to the limit.
+QUIET_RUNAWAYS = [
+    "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(600)\n"
+    "    except OSError:\n        time.sleep(0.5)",
+    "import subprocess, time\nwhile True:\n    try:\n        subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    "    except OSError:\n        time.sleep(0.5)",
+    "import time\nx = []\ntry:\n    while True:\n        x.append(bytearray(10**6))\nexcept MemoryError:\n"
+    "    time.sleep(600)",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dsbench_rewards_are_the_same_under_hostile_load(prefect_harness, tmp_path):
+    """One seeded dsbench-tiny iteration, alone and beside runaway programs in other sandbox calls."""
+    import threading
+
+    from flows.config import load_config
+    from flows.train import train
+    from infra import store
+    from tests.conftest import table_content
+
+    if sandbox_slots.budgets() == "shared":
+        pytest.skip("without a uid or cgroup per call every call shares one process quota (see sandbox_slots)")
+
+    def run(name):
+        return train(config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", f"run.id={name}", "iterations=1",
+                                                         "evaluate=false"]))
+
+    alone = run("alone")
+    stop, hostile_calls = threading.Event(), []
+
+    def hostile():
+        c = SandboxConfig(timeout_s=3, max_processes=48, memory_mb=128)
+        with ThreadPoolExecutor(len(QUIET_RUNAWAYS)) as pool:
+            while not stop.is_set():
+                hostile_calls.extend(pool.map(lambda code: run_python(code, c), QUIET_RUNAWAYS))
+
+    t = threading.Thread(target=hostile)
+    t.start()
+    try:
+        loaded = run("loaded")
+    finally:
+        stop.set()
+        t.join()
+    assert len(hostile_calls) >= 3 and all(r.timed_out for r in hostile_calls)
+    acts = store.load_actions(loaded, 1, "rollout")
+    assert (~acts["tool_output"].str.startswith("NO CODE")).sum() >= 4  # programs did run in the sandbox
+    assert acts["infra_error"].isna().all()
+    for table in ("coach", "advantages"):
+        assert table_content(alone, table).equals(table_content(loaded, table)), table
+    assert table_content(alone, "actions")["tool_output"].equals(table_content(loaded, "actions")["tool_output"])

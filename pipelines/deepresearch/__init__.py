@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import continue_chat, encode_chat
-from infra.sandbox import SandboxConfig, preflight, run_python
+from infra.retry import InfraFault, infra_record, with_retries
+from infra.sandbox import INFRA_PREFIX, SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
@@ -133,10 +134,15 @@ class DeepResearch:
         return [{"role": "system", "content": SYSTEM1},
                 {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
 
-    def _tool(self, kind: str, arg: str) -> list[str]:
-        if kind == "search":
-            return [f"# {d.title}\n{d.text}" for d in self.index.search(arg, self.cfg.top_k)] or ["(no results)"]
-        return [run_python(arg, self.cfg.sandbox).feedback()]
+    def _tool(self, kind: str, arg: str, purpose: str) -> ToolCall:
+        if kind == "python":
+            r = run_python(arg, self.cfg.sandbox)
+            return ToolCall(purpose, [r.feedback()], sandbox_fault(r))
+        try:
+            hits = with_retries(lambda: self.index.search(arg, self.cfg.top_k), "tool", "search")
+        except InfraFault as fault:
+            return ToolCall(purpose, [f"{INFRA_PREFIX} the search backend failed"], infra_record(fault.kind, fault.message))
+        return ToolCall(purpose, [f"# {d.title}\n{d.text}" for d in hits] or ["(no results)"])
 
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]:
@@ -154,7 +160,7 @@ class DeepResearch:
             gens = act("system2", [ctx[i] for i in active])
             lead = tok.decode(self._lead(tok, t))
             turns = {i: (g, *parse_turn(lead + g.text)) for i, g in zip(active, gens)}
-            calls = {i: ToolCall(purpose or arg, self._tool(kind, arg)) for i, (g, kind, arg, purpose) in turns.items()
+            calls = {i: self._tool(kind, arg, purpose or arg) for i, (g, kind, arg, purpose) in turns.items()
                      if kind in ("search", "python") and arg and not last}
             extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
             still = []
@@ -164,7 +170,8 @@ class DeepResearch:
                 call = calls.get(i)
                 e.actions.append(action_row(s2_turn, "system2", g, system=2, prompt_ids=ctx[i],
                                             tool_name=kind if kind != "none" else None, tool_input=arg,
-                                            tool_output="\n\n".join(call.documents) if call else None))
+                                            tool_output="\n\n".join(call.documents) if call else None,
+                                            infra_error=call.infra_error if call else None))
                 if kind == "answer":
                     e.final_answer = arg
                     continue

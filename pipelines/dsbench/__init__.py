@@ -19,7 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import encode_chat
-from infra.sandbox import SandboxConfig, preflight, run_python
+from infra.retry import InfraFault, infra_record, with_retries
+from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
@@ -153,7 +154,8 @@ class DSBench:
                     made = all((ws / f).exists() for f in HANDOFFS[agent])
                     notes[i] = f"{agent} program output: {out}\nFiles now: {_files(ws)}"
                     e.actions.append(action_row(turn, agent, g, tool_name="python", tool_input=c or "",
-                                                tool_output=f"{out}\nFiles now: {_files(ws)}"))
+                                                tool_output=f"{out}\nFiles now: {_files(ws)}",
+                                                infra_error=sandbox_fault(r)))
                     e.metrics[f"{agent}_ok"] = float(bool(r and r.ok) and made)
             for e, ws in zip(eps, spaces):
                 self._score(e, ws)
@@ -190,7 +192,12 @@ class DSBench:
 
     def _score(self, e: Episode, ws: Path) -> None:
         p = e.problem
-        s = data.score_submission(p, ws)
+        try:
+            s = with_retries(lambda: data.score_submission(p, ws), "scorer", f"scoring {p.task_id}")
+        except InfraFault as fault:  # the episode stays unscored: its outcome is unknown, not zero
+            e.infra_error = infra_record(fault.kind, fault.message)
+            e.final_answer = "(not scored: the scorer failed)"
+            return
         e.metrics |= s.metrics | {"submission_ok": float(s.ok), "regression": float(p.kind == "regression"),
                                   "code_error": float(not all(e.metrics[f"{a}_ok"] for a in ROLES))}
         e.success = bool(s.metrics.get("success", 0.0))

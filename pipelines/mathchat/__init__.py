@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.sandbox import SandboxConfig, preflight, run_python
+from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
@@ -84,7 +84,8 @@ class MathChat:
         for e, g, src, r in zip(eps, codes, sources, runs):
             fb = r.feedback() if r else "NO CODE: the reply had no Python code block"
             outputs.append(fb)
-            e.actions.append(action_row(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb))
+            e.actions.append(action_row(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb,
+                                        infra_error=sandbox_fault(r)))
             e.metrics["code_error"] = float(r is None or not r.ok)
         # Turn 2: the verifier states the final answer.
         verdicts = act("verifier", [[{"role": "system", "content": VERIFIER},
