@@ -111,13 +111,27 @@ class SandboxResult:
         return self.stdout.strip() or "(no output)"
 
 
-def _bwrap_argv(workdir: str, status_fd: int) -> list[str]:
+def _bwrap_argv(workdir: str) -> list[str]:
     """Read-only root, writable work dir, empty /tmp, fresh /proc and /dev, every namespace unshared
-    (no network); --die-with-parent + the PID namespace take every descendant down with the sandbox.
-    bwrap reports the child's pid on `status_fd` once its namespaces exist: no pid, no start."""
+    (no network); --die-with-parent + the PID namespace take every descendant down with the sandbox."""
     return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--bind", workdir, workdir, "--chdir", workdir, "--unshare-all", "--die-with-parent",
-            "--new-session", "--json-status-fd", str(status_fd), "--"]
+            "--new-session", "--"]
+
+
+# The interpreter's first act: say on the status fd that the program is starting (and close the fd), then
+# run the script as __main__. No word on the fd means the sandbox never started the program: bwrap could
+# not fork or create its namespaces, or the shim failed.
+_STARTED = "started"
+_PRELUDE = f"""import os, sys
+os.write(int(sys.argv[1]), b"{_STARTED}")
+os.close(int(sys.argv[1]))
+sys.argv = sys.argv[2:]
+with open(sys.argv[0]) as f:
+    code = compile(f.read(), sys.argv[0], "exec")
+del f
+exec(code, {{"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__}})
+"""
 
 
 def _user_processes() -> int:
@@ -298,7 +312,7 @@ def _run_in_slot(code: str, cfg: SandboxConfig, work: str, bwrap: bool, slot: sa
             site = [] if cfg.site_packages else ["-S"]
             if not os.access(python, os.X_OK):  # removed or unmounted since the start-up check
                 return SandboxResult("", "", None, False, work, infra_error=f"interpreter {python} is missing")
-            argv = (_bwrap_argv(work, status_w) if bwrap else []) + [python, "-I", *site, script]
+            argv = (_bwrap_argv(work) if bwrap else []) + [python, "-I", *site, "-c", _PRELUDE, str(status_w), script]
             try:
                 proc = subprocess.Popen(_shim(cfg, slot, status_w, argv), cwd=work, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True, close_fds=True,
@@ -319,7 +333,7 @@ def _run_in_slot(code: str, cfg: SandboxConfig, work: str, bwrap: bool, slot: sa
                     pass
                 proc.wait()
             stderr = _read_capped(err, cfg.max_output_bytes)
-            if fault := _start_fault(_read_status(status_r), bwrap, stderr, timed_out):
+            if fault := _start_fault(_read_status(status_r), stderr, timed_out):
                 return SandboxResult("", "", None, False, work, infra_error=fault)
             if bwrap and rc is not None and rc > 128:  # bwrap reports a signal n as 128 + n
                 rc = 128 - rc
@@ -346,11 +360,11 @@ def _read_status(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _start_fault(status: str, bwrap: bool, stderr: str, timed_out: bool) -> str | None:
+def _start_fault(status: str, stderr: str, timed_out: bool) -> str | None:
     """Why the program never started, or None when it did."""
     if "teamrl-shim:" in status:
         return status.split("teamrl-shim:", 1)[1].strip()[:500]
-    if bwrap and '"child-pid"' not in status:
-        return (stderr.strip().splitlines()[-1:] or ["bubblewrap exited before starting the program"])[0][:500] + (
-            " (timed out)" if timed_out else "")
+    if _STARTED not in status:
+        last = stderr.strip().splitlines()[-1:] or ["the sandbox exited before starting the program"]
+        return last[0][:500] + (" (timed out)" if timed_out else "")
     return None
