@@ -127,7 +127,10 @@ def eval_cmd(
         up = store.read_table(run_dir, "updates") if (run_dir / "updates").is_dir() else None
         iteration = int(up["iteration"].max()) if up is not None and len(up) else 0
     with runs.run_lock(run_dir):
-        m = evaluate(str(run_dir), iteration)
+        try:
+            m = evaluate(str(run_dir), iteration)
+        except FileNotFoundError as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
+            _fail(str(e))
     t = Table(title=f"{run_dir.name}: held-out evaluation at iteration {iteration}")
     t.add_column("metric"), t.add_column("value", justify="right")
     for k, v in m.items():
@@ -222,8 +225,9 @@ def runs_show(
     phase: Optional[str] = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
     max_chars: int = typer.Option(1500, "--max-chars", help="with --episode: cut longer texts (0: never)"),
 ):
-    """Per-iteration table of a run: success, coach score and loss per agent; with --episode, one episode
-    turn by turn (responses, tool calls, coach scores and rationales, final answer)."""
+    """Per-iteration table of a run: success, coach score and loss per agent, and its disk use; with --episode,
+    one episode turn by turn (responses, tool calls, coach scores and rationales, final answer)."""
+    from flows.inspection import disk_summary
     from flows.report import run_table
     from infra import runs
 
@@ -241,6 +245,7 @@ def runs_show(
         console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
         return
     _show_table(run_table(run_dir), run_dir.name)
+    console.print(disk_summary(run_dir), markup=False, highlight=False, soft_wrap=True)
     _episode_hint(run_id, runs_dir, run_dir)
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from infra.engines.config import EnginesConfig
 from infra.models import ModelConfig
+from infra.policy import CheckpointConfig
 from pipelines import MathChatConfig, PipelineConfig
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach import CoachConfig
@@ -53,6 +54,7 @@ class RunConfig(BaseModel):
     coach: CoachConfig = Field(default_factory=CoachConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @model_validator(mode="after")
     def _engines_fit_the_model(self):

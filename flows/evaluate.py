@@ -12,7 +12,7 @@ from prefect import flow
 
 from flows.report import partition_metrics
 from infra import runs, store
-from infra.policy import latest_version
+from infra.policy import OPTIMIZER, latest_version
 from infra.registry import resolve
 from tasks import context
 from tasks.coach_evaluate import coach_evaluate
@@ -69,10 +69,11 @@ def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id:
         (dst / "registered.json").write_text(json.dumps(
             {"source_run": str(source), **{a: {"uri": u, "name": mv.name, "version": mv.version}
                                             for a, (_, mv, u) in got.items()}}, indent=1))
+        weights = shutil.ignore_patterns(OPTIMIZER)  # the team only plays: no update reads optimizer state here
         for agent in agents:
             target = dst / "checkpoints" / agent / "v0000"
             if agent in got:
-                shutil.copytree(got[agent][0], target)
+                shutil.copytree(got[agent][0], target, ignore=weights)
             elif (v := latest_version(source, agent)) or (source / "checkpoints" / agent / "v0000").is_dir():
-                shutil.copytree(source / "checkpoints" / agent / f"v{v:04d}", target)
+                shutil.copytree(source / "checkpoints" / agent / f"v{v:04d}", target, ignore=weights)
     return dst

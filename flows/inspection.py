@@ -1,4 +1,5 @@
-"""Read a run back for people: one flat table of actions, exports to JSONL / CSV, episode transcripts.
+"""Read a run back for people: one flat table of actions, exports to JSONL / CSV, episode transcripts,
+the disk space it takes.
 
     from flows.inspection import episode_table, transcript
     df = episode_table("runs/exp1")          # one row per action, with its episode and coach score
@@ -18,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from infra import store
+from infra.policy import OPTIMIZER
 
 FORMATS = ("jsonl", "csv")
 # per-token columns: bulky, and useless to read; `tokens=True` keeps them
@@ -204,3 +206,56 @@ def _indent(s: str, width: int) -> str:
 
 def _num(v) -> str:
     return "-" if v is None or pd.isna(v) else f"{float(v):g}"
+
+
+DISK_KINDS = ("checkpoints", "optimizer state", "tables", "other")
+
+
+def disk_use(run_dir: str | Path) -> dict[str, int]:
+    """Bytes of a run folder's files by kind, and their `total`: `checkpoints` (the weights and their metadata),
+    `optimizer state` (the AdamW moments kept with checkpoints), `tables` (the trajectory store) and `other`
+    (config, plots, summaries, exports)."""
+    root = Path(run_dir)
+    use = dict.fromkeys(DISK_KINDS, 0)
+    for dirpath, _, files in os.walk(root):
+        top = Path(dirpath).relative_to(root).parts[:1]
+        for f in files:
+            p = Path(dirpath) / f
+            if p.is_symlink():
+                continue
+            if top == ("checkpoints",):
+                kind = "optimizer state" if f == OPTIMIZER else "checkpoints"
+            else:
+                kind = "tables" if top and top[0] in store.SCHEMAS else "other"
+            use[kind] += p.stat().st_size
+    return use | {"total": sum(use.values())}
+
+
+def mlflow_artifacts(run_dir: str | Path) -> Path | None:
+    """The folder of the run's MLflow artifacts when they are in the default place next to the runs,
+    `<runs>/mlartifacts/<MLflow run id>` (training copies its checkpoints there at the end)."""
+    id_file = Path(run_dir) / "mlflow_run_id"
+    if not id_file.exists():
+        return None
+    d = Path(run_dir).parent / "mlartifacts" / id_file.read_text().strip()
+    return d if d.is_dir() else None
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.1 GiB`."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+
+
+def disk_summary(run_dir: str | Path) -> str:
+    """One line: the run folder's disk use by kind, and its MLflow artifacts' when they are local."""
+    use = disk_use(run_dir)
+    parts = ", ".join(f"{k} {size_text(use[k])}" for k in DISK_KINDS)
+    line = f"disk use: {size_text(use['total'])} in {run_dir} ({parts})"
+    if art := mlflow_artifacts(run_dir):
+        line += f"; MLflow artifacts {size_text(disk_use(art)['total'])} in {art}"
+    return line

@@ -20,7 +20,8 @@ from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
 from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
 from infra import runs, store
-from infra.policy import latest_version
+from infra.policy import latest_version, prune_checkpoints
+from infra.registry import registered_checkpoints
 from infra.tracking import Tracker
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
@@ -145,7 +146,8 @@ def no_heartbeat():
 
 
 def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
-    """Iteration k as `train` runs it: the sub-flow, the coach-bias monitor, MLflow and the table artifact.
+    """Iteration k as `train` runs it: the sub-flow, the coach-bias monitor, MLflow, the table artifact and the
+    checkpoint pruning.
 
     The sub-flow runs without Prefect's flow-run heartbeat: `train`'s own heartbeat covers it, and the
     engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
@@ -156,7 +158,16 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
     publish_iteration(run_dir, k, m, agents)
+    prune_after_iteration(run_dir, k, agents, cfg.checkpoint.keep_every, tracker)
     return m
+
+
+def prune_after_iteration(run_dir: Path, k: int, agents: list[str], keep_every: int, tracker: Tracker) -> None:
+    """Once iteration k's updates are all recorded, delete the checkpoint files no later stage or resume reads:
+    each agent's optimizer state but where its next update starts, and weights per `checkpoint.keep_every`."""
+    registered = registered_checkpoints(tracker.client, tracker.run_id) if tracker.enabled else {}
+    for a, v in store.agent_versions(run_dir, agents, k).items():
+        prune_checkpoints(run_dir, a, keep_every, registered.get(a, set()), resume=v)
 
 
 def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, str]) -> dict[str, float]:

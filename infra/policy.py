@@ -8,13 +8,28 @@ import os
 import shutil
 import uuid
 from collections import Counter
+from collections.abc import Collection
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
+from infra.disk import writing
 from infra.faults import crash_point
 from infra.models import ModelConfig, load_base, load_tokenizer
+
+OPTIMIZER = "optimizer.pt"  # in a checkpoint folder: the AdamW moments the update starting from it loads
+
+
+class CheckpointConfig(BaseModel):
+    """Which checkpoint versions a run keeps on disk."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_every: int = Field(1, ge=1, description="keep the weights of every this-many-th version (0, K, 2K, ...), "
+                            "besides the latest, the one the next update starts from and those registered in MLflow; "
+                            "1 keeps every version. The optimizer state is kept only where the next update starts")
 
 
 class TeamPolicy:
@@ -136,30 +151,33 @@ class TeamPolicy:
 
     def save(self, run_dir: str | Path, agent: str, version: int, extra: dict | None = None,
              optimizer_state: dict | None = None) -> Path:
-        """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer."""
+        """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer. A failed
+        write leaves no temporary behind; a full disk raises infra.disk.DiskFullError."""
         from safetensors.torch import save_file, save_model
 
         final = checkpoint_dir(run_dir, agent, version)
         root = final.parent
         tmp = root / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
-        with self.materialized(agent):
-            if self.cfg.weights == "lora":
-                state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
-                save_file(state, tmp / "adapter_model.safetensors")
-                self.model.peft_config[agent].save_pretrained(tmp)
-            else:  # save_model de-duplicates tied weights (embeddings / lm_head)
-                save_model(self.copies[agent], str(tmp / "model.safetensors"))
-        if optimizer_state is not None:
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
-        crash_point("checkpoint")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         pointer = root / f".tmp-latest-{uuid.uuid4().hex}"
-        pointer.write_text(str(version))
-        os.replace(pointer, root / "latest")
+        with writing(final, tmp, pointer):
+            tmp.mkdir(parents=True)
+            with self.materialized(agent):
+                if self.cfg.weights == "lora":
+                    state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
+                    save_file(state, tmp / "adapter_model.safetensors")
+                    self.model.peft_config[agent].save_pretrained(tmp)
+                else:  # save_model de-duplicates tied weights (embeddings / lm_head)
+                    save_model(self.copies[agent], str(tmp / "model.safetensors"))
+            if optimizer_state is not None:
+                with open(tmp / OPTIMIZER, "wb") as fh:  # to a path, torch would hide a full disk's errno
+                    torch.save(optimizer_state, fh)
+            (tmp / "meta.json").write_text(json.dumps({"agent": agent, "version": version, **(extra or {})}))
+            crash_point("checkpoint")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            pointer.write_text(str(version))
+            os.replace(pointer, root / "latest")
         self._loaded[agent] = (_key(run_dir), version)
         return final
 
@@ -172,7 +190,9 @@ class TeamPolicy:
         d = checkpoint_dir(run_dir, agent, version)
         if not d.is_dir():
             if version != 0:
-                raise FileNotFoundError(f"no checkpoint {d}")
+                on_disk = ", ".join(map(str, checkpoint_versions(run_dir, agent))) or "none"
+                raise FileNotFoundError(f"no checkpoint {d}: version {version} of {agent} was never written or was "
+                                        f"pruned (checkpoint.keep_every); versions on disk: {on_disk}")
             with torch.no_grad(), self.materialized(agent, modify=True):
                 for p, init in zip(self._params[agent], self._initial[agent]):
                     p.copy_(init)
@@ -202,3 +222,41 @@ def latest_version(run_dir: str | Path, agent: str) -> int:
     """The version the `latest` pointer names (0 when the agent was never updated)."""
     p = Path(run_dir) / "checkpoints" / agent / "latest"
     return int(p.read_text()) if p.exists() else 0
+
+
+def checkpoint_versions(run_dir: str | Path, agent: str) -> list[int]:
+    """The versions of agent's checkpoints on disk, ascending."""
+    root = checkpoint_dir(run_dir, agent, 0).parent
+    return sorted(int(d.name[1:]) for d in root.glob("v*") if d.is_dir() and d.name[1:].isdigit())
+
+
+def prune_checkpoints(run_dir: str | Path, agent: str, keep_every: int, keep: Collection[int] = (),
+                      resume: int | None = None) -> int:
+    """Delete from agent's checkpoints what no stage or resume of the run reads; returns the bytes freed.
+
+    Only versions older than the latest are touched (the latest, and any above it whose save has not moved
+    the pointer yet, stay whole), and `resume` stays whole too: the version the agent's next update starts
+    from (default: the latest), whose optimizer state that update reads. Of the other versions the optimizer
+    state is deleted, and so are the weights unless the version is a multiple of `keep_every` or in `keep`
+    (e.g. registered in MLflow). Call it when no stage can start from an older version any more: after an
+    iteration's updates are all recorded in the `updates` table.
+    """
+    if keep_every < 1:
+        raise ValueError(f"keep_every must be at least 1, got {keep_every}")
+    latest = latest_version(run_dir, agent)
+    resume = latest if resume is None else resume
+    freed = 0
+    for v in checkpoint_versions(run_dir, agent):
+        if v >= latest or v == resume:
+            continue
+        d = checkpoint_dir(run_dir, agent, v)
+        if v % keep_every == 0 or v in keep:
+            if (opt := d / OPTIMIZER).exists():
+                freed += opt.stat().st_size
+                opt.unlink()
+            continue
+        freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        gone = d.with_name(f".tmp-pruned-{uuid.uuid4().hex}")
+        os.replace(d, gone)  # a version is whole or absent: a kill mid-delete leaves a temporary to clean up
+        shutil.rmtree(gone)
+    return freed

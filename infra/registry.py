@@ -51,6 +51,15 @@ def register_agents(client, mlflow_run_id: str, prefix: str, versions: dict[str,
     return out
 
 
+def registered_checkpoints(client, mlflow_run_id: str) -> dict[str, set[int]]:
+    """agent -> the checkpoint versions of this MLflow run that teamrl registered (pruning keeps them)."""
+    out: dict[str, set[int]] = {}
+    for mv in client.search_model_versions(f"run_id='{mlflow_run_id}'"):
+        if "teamrl.agent" in mv.tags and "teamrl.checkpoint" in mv.tags:
+            out.setdefault(mv.tags["teamrl.agent"], set()).add(int(mv.tags["teamrl.checkpoint"]))
+    return out
+
+
 def _best_success(client, name: str) -> float:
     """The held-out success recorded on the version `best` points at (-inf when there is none)."""
     from mlflow.exceptions import MlflowException

@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.disk import writing
 from infra.faults import crash_point
 
 KEYS = ["run_id", "iteration", "phase", "episode_id", "turn", "agent"]
@@ -139,7 +140,8 @@ def partition_exists(run_dir: str | Path, table: str, iteration: int, phase: str
 
 def write_partition(run_dir: str | Path, table: str, iteration: int, phase: str,
                     rows: list[dict], name: str | None = None) -> Path:
-    """Write `rows` as one Parquet file of `table`'s partition, atomically (temp name + rename).
+    """Write `rows` as one Parquet file of `table`'s partition, atomically (temp name + rename; a failed
+    write leaves nothing behind, and a full disk raises infra.disk.DiskFullError).
 
     `name` makes the file name deterministic (e.g. the agent of an update) so a re-run replaces it
     instead of adding a duplicate; without it a uuid is used.
@@ -153,14 +155,15 @@ def write_partition(run_dir: str | Path, table: str, iteration: int, phase: str,
     # Partition columns live in the path (hive), not in the file.
     t = t.drop_columns(["iteration", "phase"])
     d = partition_dir(run_dir, table, iteration, phase)
-    d.mkdir(parents=True, exist_ok=True)
     final = d / f"part-{name or uuid.uuid4().hex}.parquet"
     tmp = d / f".tmp-{uuid.uuid4().hex}.parquet"
-    pq.write_table(t, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    crash_point("partition")
-    os.replace(tmp, final)
+    with writing(final, tmp):
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        crash_point("partition")
+        os.replace(tmp, final)
     return d
 
 

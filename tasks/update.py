@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import warnings
 from functools import partial
-from pathlib import Path
 
 from prefect import task
 
 from infra import store
 from infra.faults import crash_point
+from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
 from infra.trainer import TrainItem, batch_logprobs, interpolate
 from tasks import context
@@ -67,7 +67,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
     policy = context.policy(run_dir)
     policy.load(run_dir, agent, version_before)
     items = _items(run_dir, iteration, phase, agent)
-    ckpt = Path(run_dir) / "checkpoints" / agent / f"v{version_before:04d}"
+    ckpt = checkpoint_dir(run_dir, agent, version_before)
     seed = context.stage_seed(context.value(run_dir, "seed"), "update", iteration, phase, agent)
     row = {"run_id": context.value(run_dir, "run_id"), "iteration": iteration, "phase": phase, "agent": agent,
            "strategy": cfg.strategy, "penalty": None, "certificate": None, "version_before": version_before}
@@ -86,7 +86,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
                                            lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
                                            minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
                                            micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
-                                           seed=seed, optimizer_state=ckpt / "optimizer.pt",
+                                           seed=seed, optimizer_state=ckpt / OPTIMIZER,
                                            temperature=temperature, on_step=advance)
         row |= {"kl": res.stats.get("kl"), "surrogate_gain": res.stats.get("surrogate"),
                 "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
