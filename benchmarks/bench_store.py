@@ -39,7 +39,7 @@ def rows(iteration: int, n: int, seed: int = 0) -> list[dict]:
                     "prompt_text": "Solve: what is 17 * 23 + 4? " * (p // 12), "response_text": "17 * 23 = 391 " * (q // 6),
                     "prompt_ids": r.integers(0, 49152, p).tolist(), "response_ids": r.integers(0, 49152, q).tolist(),
                     "logprobs": (-r.exponential(1.0, q)).round(4).tolist(), "ref_logprobs": None, "tool_name": None,
-                    "tool_input": None, "tool_output": None, "parent_turn": None})
+                    "tool_input": None, "tool_output": None, "parent_turn": None, "infra_error": None})
     return out
 
 

@@ -12,10 +12,10 @@ KEY = dict(run_id="r1", episode_id="e0", turn=0, agent="solver")
 ROWS = {
     "episodes": dict(run_id="r1", episode_id="e0", task_id="t0", group_id="g0", pipeline="mathchat", success=True,
                      outcome=1.0, metrics={"code_error": 0.0}, final_answer="5", num_turns=3,
-                     policy_versions={"solver": 2}, question="2+3?", answer="5"),
+                     policy_versions={"solver": 2}, question="2+3?", answer="5", infra_error=None),
     "actions": dict(KEY, role="solver", system=1, policy_version=2, prompt_text="p", response_text="r",
                     prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.5, -0.25], ref_logprobs=[-0.75, -1.0],
-                    tool_name="python", tool_input="print(5)", tool_output="5", parent_turn=None),
+                    tool_name="python", tool_input="print(5)", tool_output="5", parent_turn=None, infra_error=None),
     "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok",
                   error_kind=None),
     "advantages": dict(KEY, reward=0.7, advantages=[0.5, -1.5], loss_mask=[1, 0], weight=1),
