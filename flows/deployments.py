@@ -3,8 +3,12 @@ RunConfig, which the Prefect UI renders as a form), plus `evaluate` and `align`,
 pool. Regenerate after changing a preset (a test checks the file is current):
 
     .venv/bin/python -m flows.deployments > prefect.yaml
+
+`python -m flows.deployments --create-pool` creates the work pool on the server at PREFECT_API_URL.
 """
 from __future__ import annotations
+
+import sys
 
 import yaml
 
@@ -59,5 +63,22 @@ def render() -> str:
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=110)
 
 
+def create_pool() -> None:
+    """Create the process work pool, or reset its job template (`make server`). Through the API, not
+    `prefect work-pool create`: that command asks the server for every known worker type, which the server
+    fetches from the Prefect collection registry on GitHub."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.workers.process import ProcessWorker
+
+    pool = WorkPoolCreate(name=POOL, type=ProcessWorker.type,
+                          base_job_template=ProcessWorker.get_default_base_job_template())
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(pool, overwrite=True)
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["--create-pool"]:
+        create_pool()
+    else:
+        print(render(), end="")

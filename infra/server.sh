@@ -15,7 +15,6 @@ RUNS=$(cd "$ROOT" && mkdir -p "${RUNS:-runs}" && cd "${RUNS:-runs}" && pwd)  # t
 export PREFECT_HOME=$STATE/prefect          # the server's SQLite database and settings live here
 export PREFECT_API_URL=http://127.0.0.1:$PREFECT_PORT/api
 export PREFECT_UI_URL=http://127.0.0.1:$PREFECT_PORT
-export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export TEAMRL_HOME=$ROOT                    # prefect.yaml's pull step: flow runs start in this checkout
 export TEAMRL_MLFLOW_UI=http://127.0.0.1:$MLFLOW_PORT
 export HF_HUB_OFFLINE=1
@@ -42,9 +41,11 @@ wait_http() {  # wait_http URL NAME: up to 120 s
 
 start() {
   mkdir -p "$STATE"
+  # every library's usage reporting off, unless the caller set its variable (infra/telemetry.py)
+  while IFS='=' read -r name value; do export "$name=${!name-$value}"; done < <("$VENV/bin/python" -m infra.telemetry)
   launch prefect-server "$VENV/bin/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
   wait_http "$PREFECT_API_URL/health" prefect-server
-  "$VENV/bin/prefect" work-pool create teamrl-process --type process --overwrite >/dev/null
+  "$VENV/bin/python" -m flows.deployments --create-pool  # not `prefect work-pool create`: see create_pool
   "$VENV/bin/prefect" --no-prompt deploy --all >"$STATE/deploy.log" 2>&1 \
     || { echo "error: prefect deploy failed; see $STATE/deploy.log" >&2; tail -20 "$STATE/deploy.log" >&2; exit 1; }
   launch prefect-worker "$VENV/bin/prefect" worker start --pool teamrl-process --type process
