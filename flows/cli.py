@@ -52,7 +52,7 @@ def train(
         _fail(str(e))
     from flows.report import run_table
     from flows.train import train as train_flow
-    from infra.runs import RunLockedError, RunShrinkError
+    from infra.runs import RunConfigError, RunLockedError, RunShrinkError
 
     keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
     if resume and (ignored := sorted(keys - {"iterations", "run.dir"})):
@@ -60,7 +60,7 @@ def train(
     try:
         run_dir = train_flow(config=cfg, resume=resume,
                              iterations=cfg.iterations if resume and "iterations" in keys else None)
-    except (FileExistsError, FileNotFoundError, RunLockedError, RunShrinkError) as e:
+    except (FileExistsError, FileNotFoundError, RunConfigError, RunLockedError, RunShrinkError) as e:
         _fail(str(e))
     except Exception as e:  # the traceback, then how to finish the run
         import traceback
@@ -204,15 +204,25 @@ def _swap_table(r: dict) -> None:
 @runs_app.command("list")
 def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs")):
     """List runs, oldest first."""
+    from rich.markup import escape
+
     from infra import runs
 
     t = Table(title=f"runs in {runs_dir}")
     for c in ("run_id", "preset", "iterations", "seed"):
         t.add_column(c)
+    damaged = []
     for rid in runs.list_runs(runs_dir):
-        c = runs.read_run_config(Path(runs_dir) / rid)
+        try:
+            c = runs.read_run_config(Path(runs_dir) / rid)
+        except runs.RunConfigError as e:  # listed, not fatal: one damaged run must not hide the others
+            t.add_row(rid, "damaged", "-", "-")
+            damaged.append(str(e))
+            continue
         t.add_row(rid, str(c.get("preset")), str(c.get("iterations")), str(c.get("seed")))
     console.print(t)
+    for msg in damaged:
+        err.print(f"[yellow]warning:[/] {escape(msg)}", soft_wrap=True)
 
 
 @runs_app.command("show")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
 import shutil
@@ -11,6 +12,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+log = logging.getLogger(__name__)
+
+
+class RunConfigError(ValueError):
+    """A run's config.yaml cannot be read: not valid YAML, not a mapping, or not a readable file."""
 
 
 class RunLockedError(RuntimeError):
@@ -54,7 +61,33 @@ def read_run_config(run_dir: str | Path) -> dict:
     p = Path(run_dir) / "config.yaml"
     if not p.exists():
         raise FileNotFoundError(f"no run at {run_dir} (missing config.yaml)")
-    return yaml.safe_load(p.read_text())
+    fix = "fix it, or move the run folder away"
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise RunConfigError(f"{p}: cannot be read ({e}); {fix}") from e
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise RunConfigError(f"{p}, line {line}: not UTF-8 text; {fix}") from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        line, problem = _yaml_problem(e, text)
+        raise RunConfigError(f"{p}, line {line}: not valid YAML ({problem}); {fix}") from e
+    if not isinstance(raw, dict):
+        what = "empty" if raw is None else f"a {type(raw).__name__}"
+        raise RunConfigError(f"{p}, line 1: {what}, not a mapping of config fields; {fix}")
+    return raw
+
+
+def _yaml_problem(e: yaml.YAMLError, text: str) -> tuple[int, str]:
+    """(line, what is wrong) of a YAML error: a parser error carries a mark, a reader error a position."""
+    if mark := getattr(e, "problem_mark", None) or getattr(e, "context_mark", None):
+        return mark.line + 1, getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
+    position = getattr(e, "position", 0)
+    return text.count("\n", 0, position) + 1, getattr(e, "reason", None) or str(e)
 
 
 def find_run(root: str | Path, run_id: str) -> Path:
@@ -66,9 +99,15 @@ def find_run(root: str | Path, run_id: str) -> Path:
 
 
 def find_by_flow_run(root: str | Path, flow_run_id: str) -> Path | None:
-    """The run a Prefect flow run created (a `prefect flow-run retry` reruns the same flow run)."""
+    """The run a Prefect flow run created (a `prefect flow-run retry` reruns the same flow run). A run whose
+    config.yaml cannot be read is skipped with a warning, so that one damaged run does not stop every new one."""
     for name in list_runs(root):
-        if read_run_config(Path(root) / name).get("flow_run_id") == flow_run_id:
+        try:
+            cfg = read_run_config(Path(root) / name)
+        except RunConfigError as e:
+            log.warning("skipping run %r: %s", name, e)
+            continue
+        if cfg.get("flow_run_id") == flow_run_id:
             return Path(root) / name
     return None
 
