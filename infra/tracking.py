@@ -1,14 +1,72 @@
-"""MLflow tracking: one MLflow run per training run (resumed on --resume), SQLite by default."""
+"""MLflow tracking: one MLflow run per training run (resumed on --resume), SQLite by default.
+
+Several runs may start together on one store (three seeds at once): the first to arrive creates a SQLite
+store's tables while the others wait on a file lock beside it, and a call that finds the database busy
+is tried again after a pause."""
 from __future__ import annotations
 
+import fcntl
+import functools
+import logging
 import math
 import os
+import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+BUSY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # seconds, jittered: after SQLite's own busy timeout (MLflow: 20 s)
 
 
 def default_tracking_uri(root: str | Path) -> str:
     return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+@contextmanager
+def store_lock(uri: str):
+    """Hold `.<database>.lock` beside a SQLite store (sqlite:///<path>) for the duration, across processes;
+    a no-op for other stores, whose server serialises its own schema changes."""
+    path = uri.split("?", 1)[0].removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    if path in ("", ":memory:"):
+        yield
+        return
+    lock = Path(path).parent / f".{Path(path).name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+class BusyRetry:
+    """An MLflow client whose calls are tried again, after growing pauses, while the database is locked by
+    another run's write. SQLite rolls back the transaction that found it locked, so a retry writes once."""
+
+    def __init__(self, client, delays: tuple[float, ...] = BUSY_DELAYS):
+        self._client, self._delays = client, delays
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            for delay in self._delays:
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as e:
+                    if "database is locked" not in str(e):
+                        raise
+                    pause = delay * random.uniform(0.5, 1.5)  # jittered, so that waiting runs do not collide
+                    log.warning("MLflow store busy (database is locked): %s again in %.1f s", name, pause)
+                    time.sleep(pause)
+            return attr(*args, **kwargs)
+
+        return call
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -34,10 +92,9 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri or default_tracking_uri(root)
-        self.client = MlflowClient(tracking_uri=self.uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp_id = exp.experiment_id if exp else self.client.create_experiment(
-            experiment, artifact_location=(Path(root).resolve() / "mlartifacts").as_uri())
+        with store_lock(self.uri):  # a new store's first users would each create its tables
+            self.client = BusyRetry(MlflowClient(tracking_uri=self.uri))
+            self.experiment_id = exp_id = self._experiment(experiment, Path(root).resolve() / "mlartifacts")
         id_file = self.run_dir / "mlflow_run_id"
         if id_file.exists() and self._known(id_file.read_text().strip()):
             self.run_id = id_file.read_text().strip()
@@ -51,6 +108,20 @@ class Tracker:
             items = [Param(k, v) for k, v in _flatten(params).items()]
             for i in range(0, len(items), 100):
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def _experiment(self, name: str, artifacts: Path) -> str:
+        """The id of experiment `name`, created if new; another process may create it first (a tracking
+        server takes no store lock)."""
+        from mlflow.exceptions import MlflowException
+
+        if exp := self.client.get_experiment_by_name(name):
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts.as_uri())
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self.client.get_experiment_by_name(name).experiment_id
 
     def _known(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
@@ -91,8 +162,9 @@ class Tracker:
             return []
         from infra.registry import register_agents
 
-        return register_agents(self.client, self.run_id, prefix, versions, tags | {"teamrl.run_dir": str(self.run_dir)},
-                               success)
+        with store_lock(self.uri):  # runs finishing together: one at a time creates models and moves `best`
+            return register_agents(self.client, self.run_id, prefix, versions,
+                                   tags | {"teamrl.run_dir": str(self.run_dir)}, success)
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:

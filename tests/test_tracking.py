@@ -1,7 +1,16 @@
-"""MLflow tracking (infra/tracking.py): one MLflow run per training run, found again on resume."""
+"""MLflow tracking (infra/tracking.py): one MLflow run per training run, found again on resume; runs that
+start together on a new store."""
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from infra.tracking import Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_moved_run_folder_gets_a_new_mlflow_run_instead_of_an_error(tmp_path):
@@ -19,3 +28,76 @@ def test_a_moved_run_folder_gets_a_new_mlflow_run_instead_of_an_error(tmp_path):
     moved.log_metrics({"x": 2.0}, step=1)
     assert moved.client.get_run(moved.run_id).data.metrics == {"x": 2.0}
     moved.finish()
+
+
+STARTER = """
+import sys, time
+from pathlib import Path
+import mlflow.tracking  # imported before the start line, so that the processes reach the store together
+from infra.tracking import Tracker
+root, i = Path(sys.argv[1]), sys.argv[2]
+(root / f"ready-{i}").touch()
+while not (root / "go").exists():
+    time.sleep(0.005)
+tracker = Tracker(root / f"r{i}", root, "teamrl", None, {"seed": i})
+tracker.log_metrics({"x": float(i)}, step=0)
+tracker.finish()
+"""
+
+
+def test_runs_starting_together_on_a_new_store_all_succeed(tmp_path):
+    """Three processes open a store that does not exist yet at the same moment: the first creates its tables
+    and the experiment once, under the lock beside the database; none fails, every run is recorded."""
+    from mlflow.tracking import MlflowClient
+
+    from infra.tracking import default_tracking_uri
+
+    n = 3
+    for i in range(n):
+        (tmp_path / f"r{i}").mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path), str(i)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
+    try:
+        while not all((tmp_path / f"ready-{i}").exists() for i in range(n)):
+            assert all(p.poll() is None for p in procs), "a process ended before the start line"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * n, "\n".join(outs)
+    client = MlflowClient(default_tracking_uri(tmp_path))
+    assert [e.name for e in client.search_experiments()].count("teamrl") == 1
+    runs = client.search_runs([client.get_experiment_by_name("teamrl").experiment_id])
+    assert sorted(r.data.metrics["x"] for r in runs) == [float(i) for i in range(n)]
+
+
+def test_calls_on_a_busy_store_are_tried_again_and_other_failures_are_not():
+    from mlflow.exceptions import MlflowException
+
+    from infra.tracking import BusyRetry
+
+    calls = []
+
+    class Store:  # what MlflowClient raises while another process writes the SQLite database
+        def log_batch(self, run_id, fails=2):
+            calls.append(run_id)
+            if len(calls) <= fails:
+                raise MlflowException("(sqlite3.OperationalError) database is locked")
+            return "logged"
+
+        def get_run(self, run_id):
+            calls.append(run_id)
+            raise MlflowException(f"Run '{run_id}' not found")
+
+    client = BusyRetry(Store(), delays=(0.0, 0.0))
+    assert client.log_batch("r") == "logged" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(MlflowException, match="not found"):
+        client.get_run("x")
+    assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(MlflowException, match="database is locked"):  # still busy after every pause
+        client.log_batch("r", fails=5)
+    assert len(calls) == 3
