@@ -182,3 +182,17 @@ def test_dsbench_rewards_are_the_same_under_hostile_load(prefect_harness, tmp_pa
         assert table_content(alone, table).equals(table_content(loaded, table)), table
     assert acts["infra_error"].isna().all()
     assert len(hostile_calls) >= 3 and all(r.timed_out for r in hostile_calls)  # they ran beside the iteration
+
+
+def test_a_host_without_per_call_budgets_is_named_and_warned_about(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox_slots.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox_slots, "cgroup_parents", lambda: ())
+    sandbox_slots.warn_if_shared.cache_clear()
+    try:
+        assert sandbox_slots.budgets() == "shared"
+        sandbox_slots.warn_if_shared()
+        assert any("share one process quota" in m for m in caplog.messages)
+    finally:
+        sandbox_slots.warn_if_shared.cache_clear()
+    monkeypatch.setattr(sandbox_slots.os, "geteuid", lambda: 0)
+    assert sandbox_slots.budgets() == "uids"
