@@ -20,19 +20,22 @@ def is_eval(phase: str) -> bool:
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
     """Success, coach score and reward per agent, response length, code errors of one partition, the
     number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`) and
-    of episodes per infrastructure fault kind (`infra_error/<kind>`)."""
+    of episodes per infrastructure fault kind (`infra_error/<kind>`). Success counts only the episodes no
+    infrastructure fault hit."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
     evaluation = is_eval(phase)
     sampled = eps[flag == 0.0] if evaluation else eps.iloc[0:0]
     main = eps[flag == 1.0] if evaluation else eps
-    if len(main):
-        succ = main["success"].astype(float).to_numpy()
+    ran = main[main["infra_error"].isna()]  # an episode an infrastructure fault hit measures the host, not the team
+    if len(ran):
+        succ = ran["success"].astype(float).to_numpy()
         m["success_rate"] = float(succ.mean())
         if evaluation:
             lo, hi = bootstrap_ci(succ)
             m["success_ci_low"], m["success_ci_high"] = lo, hi
+    if len(main):
         em = pd.DataFrame([dict(d) for d in main["metrics"]]).drop(columns=["greedy"], errors="ignore")
         m["code_error_rate"] = float(em["code_error"].mean()) if "code_error" in em else 0.0
         m |= {f"episode/{k}": float(v) for k, v in em.mean().items()}  # the pipeline's per-episode metrics

@@ -158,3 +158,21 @@ def test_a_dsbench_scorer_that_raises_leaves_the_episode_unscored(monkeypatch):
     (ep,) = pipe.run_episodes(probs, ["e0"], ["g0"], ScriptedTeam(GOOD))
     assert ep.infra_error == "scorer: scoring " + probs[0].task_id + " failed: MemoryError: scorer OOM"
     assert all(a["infra_error"] is None for a in ep.actions)  # the programs themselves ran
+
+
+def test_success_counts_only_the_episodes_no_infra_fault_hit(tmp_path):
+    from flows.report import partition_metrics
+    from tests.test_store import ROWS
+
+    def episode(eid, success, fault):
+        return dict(ROWS["episodes"], episode_id=eid, success=success, infra_error=fault, iteration=1, phase="eval",
+                    metrics={"greedy": 1.0})
+
+    eps = [episode("e0", True, None), episode("e1", False, "sandbox: spawn failed"), episode("e2", False, None),
+           episode("e3", False, "tool: search failed")]
+    store.write_partition(tmp_path, "episodes", 1, "eval", eps)
+    store.write_partition(tmp_path, "actions", 1, "eval",
+                          [dict(ROWS["actions"], episode_id=e["episode_id"], iteration=1, phase="eval") for e in eps])
+    m = partition_metrics(tmp_path, 1, "eval")
+    assert m["success_rate"] == 0.5  # e0 and e2; e1 and e3 measured the host
+    assert (m["infra_error/sandbox"], m["infra_error/tool"], m["infra_error/scorer"]) == (1, 1, 0)
