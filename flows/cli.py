@@ -21,7 +21,7 @@ err = Console(stderr=True)
 
 
 def _fail(msg: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {msg}")
+    err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)  # one line, however narrow the terminal or log
     raise typer.Exit(code)
 
 
@@ -52,27 +52,45 @@ def train(
         _fail(str(e))
     from flows.report import run_table
     from flows.train import train as train_flow
-    from infra.runs import RunConfigError, RunLockedError, RunShrinkError
+    from infra.interrupt import by_ctrl_c, stop_on_ctrl_c
+    from infra.prefect_server import start_temporary_server
+    from infra.runs import RunConfigError, RunLockedError, RunShrinkError, new_run_id
 
     keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
     if resume and (ignored := sorted(keys - {"iterations", "run.dir"})):
         err.print(f"[yellow]note:[/] with --resume the run's saved config is used; ignoring {', '.join(ignored)}")
+    if not resume and not cfg.run.id:  # named here, so that a message can say how to resume it
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"id": new_run_id(cfg.preset)})})
+    rid = resume or cfg.run.id
+    finish = f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}`"
     try:
-        run_dir = train_flow(config=cfg, resume=resume,
-                             iterations=cfg.iterations if resume and "iterations" in keys else None)
+        with stop_on_ctrl_c():
+            start_temporary_server()  # out of the reach of a Ctrl-C, so the flow run can record how it ended
+            run_dir = train_flow(config=cfg, resume=resume,
+                                 iterations=cfg.iterations if resume and "iterations" in keys else None)
+    except KeyboardInterrupt:
+        _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
     except (FileExistsError, FileNotFoundError, RunConfigError, RunLockedError, RunShrinkError) as e:
         _fail(str(e))
     except Exception as e:  # the traceback, then how to finish the run
+        if by_ctrl_c(e):
+            _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
         import traceback
 
         traceback.print_exc()
-        rid = resume or cfg.run.id or "RUN_ID"
-        _fail(f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with "
-              f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}` (ids: `teamrl runs list --dir "
-              f"{cfg.run.dir}`), or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.", code=1)
+        _fail(f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with {finish}, "
+              "or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.", code=1)
     console.print(f"[green]run finished:[/] {run_dir}")
     _show_table(run_table(run_dir), Path(run_dir).name)
     _before_after(Path(run_dir))
+
+
+def _interrupted(finish: str, new_run: Path | None) -> None:
+    """Exit after a Ctrl-C (infra/interrupt.py then ends the process by SIGINT) with how to `finish` the run,
+    unless the run this command was to create (`new_run`; None with --resume) was not created yet."""
+    if new_run and not (new_run / "config.yaml").exists():
+        _fail("interrupted before the run started", code=130)
+    _fail(f"interrupted. Finished stages are kept: finish the run with {finish}", code=130)
 
 
 def _before_after(run_dir: Path) -> None:

@@ -19,7 +19,8 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
 from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
-from infra import runs, store
+from infra import flow_runs, runs, store
+from infra.interrupt import by_ctrl_c
 from infra.policy import latest_version, prune_checkpoints
 from infra.registry import registered_checkpoints
 from infra.tracking import Tracker
@@ -260,6 +261,14 @@ def _name_flow_run(pipeline: str, run_dir: Path) -> None:
             client.update_flow_run(flow_run.id, name=name)
 
 
+def crash_orphans(run_dir: Path) -> None:
+    """Mark Crashed the flow runs that killed processes left unfinished on this run (infra/flow_runs.py)."""
+    msg = f"its process was killed; marked Crashed by flow run {flow_run.id}, which reopened run {run_dir.name}"
+    if marked := flow_runs.crash_orphans(run_dir, flow_run.id, msg):
+        get_run_logger().warning("marked Crashed the flow run(s) %s, left unfinished by a killed process",
+                                 ", ".join(marked))
+
+
 @flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
 def train(config: RunConfig, resume: str | None = None, iterations: int | None = None) -> str:
     """Train a team. `resume`: the id of a run to finish (finished stages are not redone);
@@ -268,6 +277,10 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
     run_dir, reopened = prepare_run(config, resume)
     _name_flow_run(config.pipeline.name, run_dir)
     with runs.run_lock(run_dir):
+        if flow_run.id:
+            if reopened:
+                crash_orphans(run_dir)
+            flow_runs.record(run_dir, flow_run.id)
         if reopened and iterations is not None:
             runs.extend_run(run_dir, iterations)
             context.forget(str(run_dir))
@@ -298,8 +311,10 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             tracker.log_artifacts(run_dir / "checkpoints", "checkpoints")
             publish_registry(cfg, run_dir, tracker, agents, final)
             publish_summary(run_dir, tracker)
-        except BaseException:
-            tracker.finish("FAILED")
+        except BaseException as e:
+            tracker.finish("KILLED" if by_ctrl_c(e) else "FAILED")
+            if by_ctrl_c(e) and not isinstance(e, KeyboardInterrupt):
+                raise KeyboardInterrupt from e  # so that Prefect records the flow run Crashed, as for any Ctrl-C
             raise
         tracker.finish()
     return rd

@@ -1,0 +1,147 @@
+"""Ctrl-C for a long command: the first stops it cleanly within a grace period, a second stops it at once.
+
+The first SIGINT raises KeyboardInterrupt in the main thread, as Python's default handler does, so the code
+unwinds: Prefect records the flow run as Crashed, the run lock is released, the MLflow run is marked KILLED.
+A watchdog ends the process if that takes longer than the grace period. A KeyboardInterrupt raised where
+Python cannot raise (a weakref or garbage-collector callback, a __del__: "Exception ignored in ...") is
+raised again.
+
+A second SIGINT ends the process at once: the signal's default action, which needs neither the main thread
+nor the GIL to be free. Python runs its signal handlers in the main thread between bytecodes, so two SIGINTs
+that arrive while the main thread is in C code (an fsync, a long tensor op) make one handler call; a thread
+counts them from the signal module's wakeup file descriptor instead.
+
+Either way the process ends killed by SIGINT, as Python ends on an uncaught KeyboardInterrupt. A shell shows
+status 130, and a shell script that runs the command stops too; an ordinary exit status would tell the shell
+that the command handled the Ctrl-C itself, and the script would go on to its next command.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from functools import partial
+
+GRACE_S = 10.0  # the most a stopping run may take after the first Ctrl-C
+
+_interrupted = False
+
+
+@contextmanager
+def stop_on_ctrl_c(grace_s: float = GRACE_S):
+    """The block with the Ctrl-C behaviour above; its caller catches the KeyboardInterrupt and returns or
+    exits, and the process then ends killed by SIGINT once the exit handlers have run. Does nothing off the
+    main thread, or where SIGINT is ignored (a background job of a shell script) or handled by someone else."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    # registered before the exit handlers of what the block starts (Prefect's temporary server), so it runs after them
+    atexit.register(_end_interrupted)
+    unraisablehook = sys.unraisablehook
+    sys.unraisablehook = partial(_on_unraisable, unraisablehook)
+    signal.signal(signal.SIGINT, partial(_on_first, grace_s))
+    counted = _count_ctrl_c()
+    try:
+        yield
+    finally:
+        if not _interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = unraisablehook
+            atexit.unregister(_end_interrupted)
+            if counted:
+                signal.set_wakeup_fd(-1)
+                os.close(counted)  # the counting thread reads the end of the pipe and returns
+
+
+def by_ctrl_c(e: BaseException) -> bool:
+    """Whether `e` is a KeyboardInterrupt or was raised while handling one: a Ctrl-C can surface as another
+    error (Prefect's task engine raises ValueError("Task run is not set") when it lands while a task run is
+    being created)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _on_first(grace_s: float, signum, frame) -> None:
+    global _interrupted
+    _interrupted = True
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
+    watchdog = threading.Timer(grace_s, _die_by_sigint)
+    watchdog.daemon = True
+    watchdog.start()
+    os.write(2, b"\nstopping: the current stage is abandoned (Ctrl-C again to quit at once)\n")
+    raise KeyboardInterrupt
+
+
+def _count_ctrl_c() -> int | None:
+    """Start the thread that ends the process at a second SIGINT; returns the write end of its pipe (None
+    where the wakeup file descriptor is taken, by an asyncio loop of the main thread: then two SIGINTs that
+    arrive together count as one)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    if signal.set_wakeup_fd(w, warn_on_full_buffer=False) != -1:
+        signal.set_wakeup_fd(-1)
+        os.close(r), os.close(w)
+        return None
+
+    def count():
+        n = 0
+        while data := os.read(r, 64):
+            n += data.count(signal.SIGINT)
+            if n >= 2:
+                _die_by_sigint()
+        os.close(r)
+
+    threading.Thread(target=count, name="ctrl-c", daemon=True).start()
+    return w
+
+
+def _on_unraisable(hook, unraisable) -> None:
+    """A lost Ctrl-C is raised in the main thread again: by another thread, so that it lands after the
+    callback that lost it."""
+    if _interrupted and isinstance(unraisable.exc_value, KeyboardInterrupt):
+        threading.Thread(target=_raise_in_main_thread, daemon=True).start()
+    else:
+        hook(unraisable)
+
+
+def _raise_in_main_thread() -> None:
+    """KeyboardInterrupt in the main thread once it has left the hook (raised in the hook, it would be lost
+    for good; raised in another such callback, it comes back to the hook)."""
+    import ctypes
+
+    main = threading.main_thread().ident
+    while _inside(sys._current_frames().get(main), _on_unraisable.__code__):
+        time.sleep(0.001)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
+
+
+def _inside(frame, code) -> bool:
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _end_interrupted() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _die_by_sigint()
+
+
+def _die_by_sigint() -> None:
+    """From any thread: the C library's signal(), as Python's signal.signal works in the main thread only."""
+    import ctypes
+
+    ctypes.CDLL(None).signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)

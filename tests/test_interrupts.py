@@ -1,0 +1,233 @@
+"""Ctrl-C (SIGINT to the terminal's whole foreground process group) stops `teamrl train` within seconds:
+the flow run is recorded Crashed, the MLflow run KILLED, nothing half-written is left and one line says how
+to resume; a second Ctrl-C quits at once. And a flow run left Running by a SIGKILLed process is marked
+Crashed when the run is resumed."""
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_resume_faults import REPO, _teamrl, assert_same_as_uninterrupted
+
+pytestmark = pytest.mark.slow
+
+STOP_S = 20  # "within a few seconds", generous for a loaded machine
+
+
+def _env(tmp_path: Path, **extra) -> dict:
+    """The CLI's environment: its own Prefect home, so it starts its own temporary server (whose start may
+    be slow on a loaded machine)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TEAMRL_FAULT", "PREFECT_API_URL")}
+    return env | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0", "PREFECT_HOME": str(tmp_path / "prefect"),
+                  "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"} | extra
+
+
+def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: float = 0.0):
+    """Start `teamrl train args` in its own session (as a terminal starts a foreground job) and, once the
+    first Parquet partition of run `i` exists, send SIGINT to its process group `signals` times `gap_s`
+    apart; returns (exit status, seconds from the last signal to the exit, output)."""
+    log = tmp_path / "interrupted.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "tiny", "--set", f"run.dir={tmp_path}",
+                                 "--set", "run.id=i", *args], env=_env(tmp_path), start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 600
+            while not list((tmp_path / "i").rglob("part-*.parquet")):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            for n in range(signals):
+                time.sleep(gap_s if n else 0.0)
+                os.killpg(proc.pid, signal.SIGINT)
+            t0 = time.monotonic()
+            try:
+                rc = proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                rc = None
+            return rc, time.monotonic() - t0, log.read_text()
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _processes_with(prefect_home: Path, wait_s: float = 15.0) -> list[int]:
+    """Processes (after up to `wait_s` for them to end) whose environment holds PREFECT_HOME=prefect_home:
+    the CLI's Prefect server among them if it outlived the CLI."""
+    needle = f"PREFECT_HOME={prefect_home}".encode()
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and needle in (p / "environ").read_bytes().split(b"\0"):
+                    found.append(int(p.name))
+            except OSError:
+                pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_ctrl_c_stops_within_seconds_and_resume_finishes(trained_run, tmp_path):
+    _, ref_dir = trained_run  # the tiny preset, seed 1, uninterrupted
+    rc, took, out = _start_and_interrupt(tmp_path, ["--set", "seed=1"], signals=1)
+    assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the Ctrl-C):\n{out[-3000:]}"
+    assert took < STOP_S, out[-3000:]
+    assert (f"error: interrupted. Finished stages are kept: finish the run with `teamrl train tiny --set "
+            f"run.dir={tmp_path} --resume i`") in out.splitlines(), out[-3000:]
+    run_dir = tmp_path / "i"
+    assert not list(run_dir.rglob(".tmp-*")), "half-written files were left behind"
+    assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
+    # the temporary server recorded how every run ended: nothing is left Running
+    flow_run_id = yaml.safe_load((run_dir / "config.yaml").read_text())["flow_run_id"]
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+        states = dict(db.execute("SELECT id, state_type FROM flow_run"))
+        task_states = {s for (s,) in db.execute("SELECT state_type FROM task_run")}
+    assert states[flow_run_id] in ("CRASHED", "CANCELLED"), states
+    assert not {"RUNNING", "PENDING"} & (set(states.values()) | task_states), (states, task_states)
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert db.execute("SELECT status FROM runs WHERE name = 'i'").fetchall() == [("KILLED",)]
+    # the lock is free and the run finishes as if never interrupted
+    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "i"], tmp_path / "resumed.log")
+    assert rc == 0, out[-3000:]
+    assert_same_as_uninterrupted(ref_dir, run_dir)
+
+
+def test_second_ctrl_c_quits_at_once(tmp_path):
+    rc, took, out = _start_and_interrupt(tmp_path, ["--set", "iterations=8"], signals=2, gap_s=0.2)
+    assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the second Ctrl-C):\n{out[-3000:]}"
+    assert took < 5, out[-3000:]
+    assert "Finished stages are kept" not in out, "the second Ctrl-C waited for the clean stop"
+    assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
+
+
+def test_resume_marks_the_flow_run_of_a_killed_process_crashed(prefect_harness, tmp_path):
+    """SIGKILL in iteration 1's rollouts leaves the flow run, its `iteration-1` sub-flow run and the task run
+    Running on the server; `--resume` marks them Crashed, and `prefect flow-run retry` then accepts it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter, \
+        TaskRunFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL
+
+    api = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # the harness's server, which outlives the kill
+    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=k", "--set", "iterations=1",
+            "--set", "evaluate=false"]
+    rc, out = _teamrl(args, tmp_path / "killed.log", api | {"TEAMRL_FAULT": "collect_rollouts:1"})
+    assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
+    killed = yaml.safe_load((tmp_path / "k" / "config.yaml").read_text())["flow_run_id"]
+
+    def states():  # the killed flow run's, its sub-flow runs' and all their task runs' state types
+        with get_client(sync_client=True) as client:
+            flows = [client.read_flow_run(killed)]
+            flows += client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flows[0].id])))
+            tasks = client.read_task_runs(task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[f.id for f in flows])))
+        return {f.name: f.state_type.value for f in flows}, {t.state_type.value for t in tasks}
+
+    flows, tasks = states()
+    assert flows == {"train-mathchat-k": "RUNNING", "iteration-1": "RUNNING"} and "RUNNING" in tasks
+
+    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "k"], tmp_path / "resumed.log",
+                      api)
+    assert rc == 0, out[-3000:]
+    flows, tasks = states()
+    assert flows == {"train-mathchat-k": "CRASHED", "iteration-1": "CRASHED"}
+    assert not {"RUNNING", "PENDING"} & tasks, tasks
+    assert (tmp_path / "k" / "flow_runs").read_text().split()[0] == killed
+
+    rc, out = _teamrl(["flow-run", "retry", killed, "--entrypoint", "flows/train.py:train"], tmp_path / "retry.log",
+                      api, cli=[str(Path(sys.executable).with_name("prefect"))])
+    assert rc == 0 and "completed successfully" in out, out[-3000:]
+
+
+def test_a_ctrl_c_that_surfaces_as_another_error_is_still_a_ctrl_c():
+    from infra.interrupt import by_ctrl_c
+
+    def raised(fn):
+        try:
+            fn()
+        except BaseException as e:
+            return e
+
+    def crash_while_handling_a_ctrl_c():  # as Prefect's task engine does when a Ctrl-C lands in a task run's start
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("Task run is not set")
+
+    assert by_ctrl_c(raised(crash_while_handling_a_ctrl_c))
+    assert by_ctrl_c(KeyboardInterrupt())
+    assert not by_ctrl_c(raised(lambda: 1 / 0))
+
+
+LOST_CTRL_C = """
+import os, signal, time, weakref
+from infra.interrupt import stop_on_ctrl_c
+
+class Thing:
+    pass
+
+def lose_it(_):  # a weakref callback: Python prints a KeyboardInterrupt raised here and drops it
+    os.kill(os.getpid(), signal.SIGINT)
+
+t0 = time.monotonic()
+try:
+    with stop_on_ctrl_c(grace_s=60):
+        thing = Thing()
+        ref = weakref.ref(thing, lose_it)
+        del thing
+        while time.monotonic() - t0 < 30:  # the work goes on
+            pass
+    print("not interrupted", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_ctrl_c_lost_in_a_callback_is_raised_again():
+    """SQLAlchemy's weakref callbacks are where a Ctrl-C in the train flow was seen to get lost."""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.stdout.strip() == "interrupted" and time.monotonic() - t0 < STOP_S, proc.stdout + proc.stderr
+    assert proc.returncode == -signal.SIGINT, proc.stderr
+
+
+IN_C_CODE = """
+import hashlib
+from infra.interrupt import stop_on_ctrl_c
+
+try:
+    with stop_on_ctrl_c():
+        print("in C code", flush=True)
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 100_000_000)  # half a minute in C: no Python handler runs
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
+    """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
+    proc = subprocess.Popen([sys.executable, "-c", IN_C_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
+        time.sleep(0.5)
+        for _ in range(2):
+            os.kill(proc.pid, signal.SIGINT)
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    out = proc.stdout.read()
+    assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
