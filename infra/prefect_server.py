@@ -17,7 +17,8 @@ from typing import Any
 
 import prefect
 from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
+from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED,
+                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings)
 
 
 class DetachedServer(SubprocessASGIServer):
@@ -40,5 +41,8 @@ def start_temporary_server() -> None:
     it), so every client and flow run of this process uses it."""
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
-    DetachedServer().start()  # registered as SubprocessASGIServer's instance for the default port
+    # several runs starting at once on a small machine can take longer than Prefect's 20 s default to migrate
+    # and serve their SQLite databases (seen with three runs on 2 cores)
+    timeout = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), 120)
+    DetachedServer().start(timeout=timeout)  # registered as SubprocessASGIServer's instance for the default port
 
