@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +24,18 @@ err = Console(stderr=True)
 def _fail(msg: str, code: int = 2):
     err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)  # one line, however narrow the terminal or log
     raise typer.Exit(code)
+
+
+@contextmanager
+def _flow_session():
+    """Run flows with Prefect's temporary server out of a Ctrl-C's reach (so a flow run can record how it
+    ended) and Ctrl-C handling: the first stops within seconds, a second at once (infra/interrupt.py)."""
+    from infra.interrupt import stop_on_ctrl_c
+    from infra.prefect_server import start_temporary_server
+
+    with stop_on_ctrl_c():
+        start_temporary_server()
+        yield
 
 
 def _show_table(df, title: str) -> None:
@@ -52,8 +65,7 @@ def train(
         _fail(str(e))
     from flows.report import run_table
     from flows.train import train as train_flow
-    from infra.interrupt import by_ctrl_c, stop_on_ctrl_c
-    from infra.prefect_server import start_temporary_server
+    from infra.interrupt import by_ctrl_c
     from infra.runs import RunConfigError, RunLockedError, RunShrinkError, new_run_id
 
     keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
@@ -64,8 +76,7 @@ def train(
     rid = resume or cfg.run.id
     finish = f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}`"
     try:
-        with stop_on_ctrl_c():
-            start_temporary_server()  # out of the reach of a Ctrl-C, so the flow run can record how it ended
+        with _flow_session():
             run_dir = train_flow(config=cfg, resume=resume,
                                  iterations=cfg.iterations if resume and "iterations" in keys else None)
     except KeyboardInterrupt:
@@ -146,7 +157,10 @@ def eval_cmd(
         iteration = int(up["iteration"].max()) if up is not None and len(up) else 0
     with runs.run_lock(run_dir):
         try:
-            m = evaluate(str(run_dir), iteration)
+            with _flow_session():
+                m = evaluate(str(run_dir), iteration)
+        except KeyboardInterrupt:
+            _fail("interrupted. Finished evaluation partitions are kept: the same command finishes the rest", code=130)
         except FileNotFoundError as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
             _fail(str(e))
     t = Table(title=f"{run_dir.name}: held-out evaluation at iteration {iteration}")
@@ -188,7 +202,10 @@ def align(
                         "probe_size": probe_size, "lr": lr}, AlignConfig)
         run_dir = runs.find_run(runs_dir, run_id)
         plan(str(run_dir), cfg)
-        result = align_flow(str(run_dir), cfg)
+        with _flow_session():
+            result = align_flow(str(run_dir), cfg)
+    except KeyboardInterrupt:
+        _fail("interrupted; run the same command again to align the agent", code=130)
     except (ConfigError, FileNotFoundError, AlignError, RunLockedError) as e:
         _fail(str(e))
     _swap_table(result)

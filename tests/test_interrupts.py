@@ -231,3 +231,38 @@ def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
         proc.kill()
     out = proc.stdout.read()
     assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
+
+
+def test_ctrl_c_stops_an_evaluation_too(trained_run, tmp_path):
+    """`teamrl eval` runs its flow the same way: a Ctrl-C mid-evaluation stops it within seconds."""
+    import shutil
+
+    root, ref_dir = trained_run
+    shutil.copytree(ref_dir, tmp_path / "spine")
+    log = tmp_path / "eval.log"
+    with open(log, "w") as fh:  # iteration 1 was never evaluated: the whole held-out split is played
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "eval", "spine", "--iteration", "1",
+                                 "--dir", str(tmp_path)], env=_env(tmp_path), start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 300
+            while "Beginning flow run" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            os.killpg(proc.pid, signal.SIGINT)
+            t0 = time.monotonic()
+            rc = proc.wait(timeout=300)
+            took = time.monotonic() - t0
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    out = log.read_text()
+    assert rc == -signal.SIGINT and took < STOP_S, f"rc={rc} ({took:.0f} s):\n{out[-3000:]}"
+    assert "error: interrupted" in out, out[-3000:]
+    assert not list((tmp_path / "spine").rglob(".tmp-*"))
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:  # the server outlived the Ctrl-C to record it
+        states = {s for (s,) in db.execute("SELECT state_type FROM flow_run")}
+    assert states and states <= {"CRASHED", "CANCELLED", "COMPLETED"} and states != {"COMPLETED"}, states
+    assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
