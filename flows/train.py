@@ -21,7 +21,7 @@ from flows.evaluate import evaluate_partition
 from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
 from infra import flow_runs, runs, store
 from infra.interrupt import by_ctrl_c
-from infra.policy import latest_version, prune_checkpoints
+from infra.policy import OPTIMIZER, latest_version, prune_checkpoints
 from infra.registry import registered_checkpoints
 from infra.tracking import Tracker
 from tasks import context
@@ -308,7 +308,8 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
                     final = evaluate_partition(rd, k)
                     tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)
-            tracker.log_artifacts(run_dir / "checkpoints", "checkpoints")
+            # the weights, not the optimizer state: a registered model never resumes training from MLflow
+            tracker.log_artifacts(run_dir / "checkpoints", "checkpoints", exclude=frozenset({OPTIMIZER}))
             publish_registry(cfg, run_dir, tracker, agents, final)
             publish_summary(run_dir, tracker)
         except BaseException as e:

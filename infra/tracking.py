@@ -143,9 +143,17 @@ class Tracker:
         for i in range(0, len(ms), 500):
             self.client.log_batch(self.run_id, metrics=ms[i:i + 500])
 
-    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
-        if self.enabled:
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str, exclude: frozenset[str] = frozenset()) -> None:
+        """Copy `local_dir` to the run's artifacts, leaving out files named in `exclude`."""
+        if not self.enabled:
+            return
+        if not exclude:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+            return
+        for f in sorted(Path(local_dir).rglob("*")):
+            if f.is_file() and f.name not in exclude:
+                rel = f.parent.relative_to(local_dir).as_posix()
+                self.client.log_artifact(self.run_id, str(f), artifact_path if rel == "." else f"{artifact_path}/{rel}")
 
     def log_artifact(self, local_file: str | Path, artifact_path: str) -> None:
         if self.enabled:

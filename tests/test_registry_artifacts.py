@@ -62,6 +62,9 @@ def test_every_agent_is_registered_and_loads_back_for_evaluation(trained_run):
         mv = client.get_model_version_by_alias(f"tiny-{a}", "best")
         assert mv.tags["teamrl.run_id"] == Path(run_dir).name and mv.tags["teamrl.agent"] == a
         assert mv.tags["teamrl.checkpoint"] == str(latest_version(run_dir, a)) and SUCCESS_TAG in mv.tags
+        version_dir = f"checkpoints/{a}/v{latest_version(run_dir, a):04d}"
+        logged = {f.path.rsplit("/", 1)[-1] for f in client.list_artifacts(mv.run_id, version_dir)}
+        assert "adapter_model.safetensors" in logged and "optimizer.pt" not in logged  # weights only
 
     res = CliRunner().invoke(app, ["eval", "--model", "models:/tiny-executor@best", "--dir", str(root)])
     assert res.exit_code == 0, res.output
