@@ -17,6 +17,10 @@ from test_resume_faults import REPO, _teamrl, assert_same_as_uninterrupted
 pytestmark = pytest.mark.slow
 
 STOP_S = 20  # "within a few seconds", generous for a loaded machine
+# A terminal's foreground job gets Ctrl-C; a shell's background job (`cmd &`, as a CI runner may start the
+# suite) inherits SIGINT ignored, which Python and teamrl then respect. The children here are foreground jobs.
+FOREGROUND = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              "os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 def _env(tmp_path: Path, **extra) -> dict:
@@ -33,8 +37,8 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
     apart; returns (exit status, seconds from the last signal to the exit, output)."""
     log = tmp_path / "interrupted.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "tiny", "--set", f"run.dir={tmp_path}",
-                                 "--set", "run.id=i", *args], env=_env(tmp_path), start_new_session=True,
+        proc = subprocess.Popen([*FOREGROUND, sys.executable, "-m", "flows.cli", "train", "tiny", "--set",
+                                 f"run.dir={tmp_path}", "--set", "run.id=i", *args], env=_env(tmp_path), start_new_session=True,
                                 stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             deadline = time.monotonic() + 600
@@ -195,7 +199,8 @@ except KeyboardInterrupt:
 def test_a_ctrl_c_lost_in_a_callback_is_raised_again():
     """SQLAlchemy's weakref callbacks are where a Ctrl-C in the train flow was seen to get lost."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run([*FOREGROUND, sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
     assert proc.stdout.strip() == "interrupted" and time.monotonic() - t0 < STOP_S, proc.stdout + proc.stderr
     assert proc.returncode == -signal.SIGINT, proc.stderr
 
@@ -216,7 +221,7 @@ except KeyboardInterrupt:
 
 def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
     """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
-    proc = subprocess.Popen([sys.executable, "-c", IN_C_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-c", IN_C_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
@@ -241,7 +246,7 @@ def test_ctrl_c_stops_an_evaluation_too(trained_run, tmp_path):
     shutil.copytree(ref_dir, tmp_path / "spine")
     log = tmp_path / "eval.log"
     with open(log, "w") as fh:  # iteration 1 was never evaluated: the whole held-out split is played
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "eval", "spine", "--iteration", "1",
+        proc = subprocess.Popen([*FOREGROUND, sys.executable, "-m", "flows.cli", "eval", "spine", "--iteration", "1",
                                  "--dir", str(tmp_path)], env=_env(tmp_path), start_new_session=True,
                                 stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
         try:
