@@ -165,10 +165,13 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
 
 def prune_after_iteration(run_dir: Path, k: int, agents: list[str], keep_every: int, tracker: Tracker) -> None:
     """Once iteration k's updates are all recorded, delete the checkpoint files no later stage or resume reads:
-    each agent's optimizer state but where its next update starts, and weights per `checkpoint.keep_every`."""
+    each agent's optimizer state but where its next update starts and where iteration k's started (so that
+    iteration k can be redone after its damaged `updates` partition is deleted), and weights per
+    `checkpoint.keep_every`."""
     registered = registered_checkpoints(tracker.client, tracker.run_id) if tracker.enabled else {}
+    started = store.agent_versions(run_dir, agents, k - 1)
     for a, v in store.agent_versions(run_dir, agents, k).items():
-        prune_checkpoints(run_dir, a, keep_every, registered.get(a, set()), resume=v)
+        prune_checkpoints(run_dir, a, keep_every, registered.get(a, set()), resume={v, started[a]})
 
 
 def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, str]) -> dict[str, float]:

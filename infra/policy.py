@@ -28,8 +28,9 @@ class CheckpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keep_every: int = Field(1, ge=1, description="keep the weights of every this-many-th version (0, K, 2K, ...), "
-                            "besides the latest, the one the next update starts from and those registered in MLflow; "
-                            "1 keeps every version. The optimizer state is kept only where the next update starts")
+                            "besides the latest, the ones the next and the last update start from and those "
+                            "registered in MLflow; 1 keeps every version. The optimizer state is kept only where the "
+                            "next and the last update start")
 
 
 class TeamPolicy:
@@ -231,11 +232,11 @@ def checkpoint_versions(run_dir: str | Path, agent: str) -> list[int]:
 
 
 def prune_checkpoints(run_dir: str | Path, agent: str, keep_every: int, keep: Collection[int] = (),
-                      resume: int | None = None) -> int:
+                      resume: Collection[int] | None = None) -> int:
     """Delete from agent's checkpoints what no stage or resume of the run reads; returns the bytes freed.
 
     Only versions older than the latest are touched (the latest, and any above it whose save has not moved
-    the pointer yet, stay whole), and `resume` stays whole too: the version the agent's next update starts
+    the pointer yet, stay whole), and the versions in `resume` stay whole too: those an update may start
     from (default: the latest), whose optimizer state that update reads. Of the other versions the optimizer
     state is deleted, and so are the weights unless the version is a multiple of `keep_every` or in `keep`
     (e.g. registered in MLflow). Call it when no stage can start from an older version any more: after an
@@ -244,10 +245,10 @@ def prune_checkpoints(run_dir: str | Path, agent: str, keep_every: int, keep: Co
     if keep_every < 1:
         raise ValueError(f"keep_every must be at least 1, got {keep_every}")
     latest = latest_version(run_dir, agent)
-    resume = latest if resume is None else resume
+    resume = {latest} if resume is None else set(resume)
     freed = 0
     for v in checkpoint_versions(run_dir, agent):
-        if v >= latest or v == resume:
+        if v >= latest or v in resume:
             continue
         d = checkpoint_dir(run_dir, agent, v)
         if v % keep_every == 0 or v in keep:

@@ -126,7 +126,7 @@ def _remove_groups(groups: list[Path]) -> None:
 
 
 def processes_of(uid: int) -> list[int]:
-    """Pids whose real uid is `uid`."""
+    """Pids whose real uid is `uid`, zombies included: until reaped they still count against its quota."""
     out, want = [], str(uid)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -138,17 +138,19 @@ def processes_of(uid: int) -> list[int]:
     return out
 
 
-def kill_uid(uid: int, rounds: int = 200) -> bool:
-    """SIGKILL every process of `uid` until none is left (a fork bomb spawns while we kill); True when clean."""
-    for _ in range(rounds):
-        pids = processes_of(uid)
-        if not pids:
-            return True
+def kill_uid(uid: int, wait_s: float = 10.0) -> bool:
+    """SIGKILL every process of `uid` until none is left, reaped ones included (a fork bomb spawns while we
+    kill, and the orphans' reaper may lag); True when clean."""
+    deadline = time.monotonic() + wait_s
+    while pids := processes_of(uid):
+        if time.monotonic() > deadline:
+            log.warning("processes %s of sandbox uid %d survived %.0f s of SIGKILL", pids[:10], uid, wait_s)
+            return False
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
-    return not processes_of(uid)
+    return True
 
 
 def _lock_dir() -> Path:

@@ -92,3 +92,23 @@ def policy():
     from infra.policy import TeamPolicy
 
     return TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8), ["a", "b"], seed=0)
+
+
+def run_in_session(cmd: list[str], env: dict[str, str], log, timeout: int = 600) -> tuple[int, str]:
+    """`cmd` in its own session from the repository root, output to `log` (a pipe would be held open by a
+    Prefect server it left after a SIGKILL); afterwards kill whatever it left behind. (exit status, output)"""
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return rc, Path(log).read_text()

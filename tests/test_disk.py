@@ -167,7 +167,7 @@ def test_by_default_every_version_is_kept_and_optimizer_state_only_in_the_latest
 
 def test_keep_every_keeps_every_kth_the_latest_the_registered_and_where_training_resumes(tmp_path):
     _fake_checkpoints(tmp_path, "a", range(10), latest=8)  # v9: written, its pointer not moved (a kill)
-    freed = prune_checkpoints(tmp_path, "a", keep_every=3, keep={4}, resume=7)
+    freed = prune_checkpoints(tmp_path, "a", keep_every=3, keep={4}, resume={7})
     # weights: multiples of 3, registered 4, resume 7, latest 8 and the unfinished 9 above it
     assert _kept(tmp_path, "a") == ([0, 3, 4, 6, 7, 8, 9], [7, 8, 9])
     assert freed == 3 * (100 + 200 + 2) + 3 * 200  # v1, v2, v5 whole; v3, v4, v6's optimizer state
@@ -273,6 +273,9 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
         pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
     for agent in ("solver", "executor", "verifier"):
         assert latest_version(run_dir, agent) == latest_version(ref_dir, agent) == 2
+        # v1 stays whole while iteration 2, which started from it, is the last one (it can be redone)
+        assert _kept(run_dir, agent) == ([0, 1, 2], [1, 2])
+        prune_checkpoints(run_dir, agent, keep_every=2, resume={2})  # as a third iteration's pruning would
         assert _kept(run_dir, agent) == ([0, 2], [2])
     assert not leftovers(run_dir)
 

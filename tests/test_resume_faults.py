@@ -4,14 +4,13 @@ checkpoint write, or fail a stage so that Prefect records the flow run as Failed
 uninterrupted run with the same seed, and consistent checkpoints."""
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import MARS, TEAMTR, table_content
+from conftest import MARS, TEAMTR, run_in_session, table_content
 
 from infra.policy import latest_version
 
@@ -23,22 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.cli")):
-    """Run the CLI (`teamrl args`, or `cli args`) in its own session, output to `log` (a pipe would be held
-    open by its Prefect server after a SIGKILL); afterwards kill whatever it left behind."""
+    """Run the CLI (`teamrl args`, or `cli args`) in its own session, output to `log`."""
     env = {k: v for k, v in os.environ.items() if k != "TEAMRL_FAULT"}
     env |= {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0", "PREFECT_HOME": str(log.parent / "prefect")}
-    env |= env_extra or {}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([*cli, *args], env=env, start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=600)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return rc, log.read_text()
+    return run_in_session([*cli, *args], env | (env_extra or {}), log)
 
 
 @pytest.mark.parametrize("fault", [

@@ -7,13 +7,14 @@ connection, and without the variables that make libraries keep quiet on their ow
 service), so that only teamrl's defaults can switch reporting off."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import run_in_session
 
 from infra.engines.zero import free_port
 from infra.telemetry import OFF
@@ -76,25 +77,11 @@ def test_reporting_is_off_by_default_and_a_user_can_opt_in(tmp_path):
     assert on.keys() == off.keys() and all(on.values()), on
 
 
-def _run(cmd: list[str], env: dict[str, str], log: Path, timeout: int = 600) -> tuple[int, str]:
-    """`cmd` in its own session, output to `log`; afterwards kill whatever it left behind."""
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=fh, stderr=subprocess.STDOUT)
-        try:
-            rc = proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return rc, log.read_text()
-
-
 @pytest.mark.slow
 def test_train_and_server_connect_nowhere_but_loopback(tmp_path):
     log = tmp_path / "outbound.log"
     env = child_env(log, PREFECT_HOME=str(tmp_path / "prefect"))
-    rc, out = _run([sys.executable, "-m", "flows.cli", "train", "tiny", "--set", f"run.dir={tmp_path / 'runs'}",
+    rc, out = run_in_session([sys.executable, "-m", "flows.cli", "train", "tiny", "--set", f"run.dir={tmp_path / 'runs'}",
                     "--set", "iterations=1", "--set", "evaluate=false"], env, tmp_path / "train.log")
     assert rc == 0, out[-3000:]
     assert "telemetry" not in out.lower(), out[-3000:]  # e.g. "Failed to send telemetry" from the Prefect server
@@ -105,7 +92,7 @@ def test_train_and_server_connect_nowhere_but_loopback(tmp_path):
             "MLFLOW_PORT": str(mlflow_port)}
     script = str(ROOT / "infra" / "server.sh")
     try:
-        rc, out = _run([script, "start"], env, tmp_path / "server.log")
+        rc, out = run_in_session([script, "start"], env, tmp_path / "server.log")
         assert rc == 0, out[-3000:]
         # what the MLflow UI asks before it shows its usage-data notice
         with urllib.request.urlopen(f"http://127.0.0.1:{mlflow_port}/ajax-api/3.0/mlflow/ui-telemetry") as r:
