@@ -14,7 +14,8 @@ program never ran.
 With bubblewrap (`isolation: bwrap`, or `auto` where `bwrap` works) the code also gets its own PID,
 network, IPC and UTS namespaces: no network, the whole filesystem read-only except the work
 directory, an empty /tmp, and every process it started dies with the sandbox (even one that left
-the process group). `rlimits` (or `auto` without bubblewrap) lacks those four guarantees.
+the process group). `rlimits` (or `auto` without bubblewrap) lacks the first three; the fourth holds
+there too when the call has a uid or cgroup of its own (every process of it is killed).
 """
 from __future__ import annotations
 
