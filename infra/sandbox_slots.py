@@ -207,8 +207,8 @@ def slot(uid_base: int, uid_count: int, max_processes: int, memory_mb: int, wait
     with contextlib.ExitStack() as stack:
         uid = stack.enter_context(_hold_uid(uid_base, uid_count, wait_s)) if os.geteuid() == 0 else None
         if uid is not None:
-            kill_uid(uid)  # a trainer killed mid-call may have left processes of this uid behind
-            stack.callback(kill_uid, uid)
+            kill_uid(uid)  # a trainer killed mid-call, or a slow reaper, may have left processes of this uid
+            stack.callback(kill_uid, uid, 2.0)  # briefly: a stopping trainer must not wait on a lagging reaper
         groups = _make_groups(cgroup_parents(), max_processes, memory_mb) if cgroup_parents() else []
         stack.callback(_remove_groups, groups)
         yield Slot(uid, groups)
