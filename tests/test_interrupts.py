@@ -3,6 +3,7 @@ the flow run is recorded Crashed, the MLflow run KILLED, nothing half-written is
 to resume; a second Ctrl-C quits at once. And a flow run left Running by a SIGKILLed process is marked
 Crashed when the run is resumed."""
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -46,7 +47,9 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.2)
             for n in range(signals):
-                time.sleep(gap_s if n else 0.0)
+                if n:
+                    _wait_delivered(proc.pid, signal.SIGINT)
+                    time.sleep(gap_s)
                 os.killpg(proc.pid, signal.SIGINT)
             t0 = time.monotonic()
             try:
@@ -59,6 +62,23 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _wait_delivered(pid: int, signum: int, timeout_s: float = 30.0) -> None:
+    """Until `signum` is no longer pending for process `pid`: the kernel keeps one pending signal of a kind,
+    so a second Ctrl-C sent while a starved process has not yet taken the first would be lost (a person
+    presses again only after the first took effect)."""
+    bit = 1 << (signum - 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        pending = {k: int(v, 16) for k, v in re.findall(r"^(SigPnd|ShdPnd):\s*([0-9a-f]+)$", status, re.M)}
+        if not any(v & bit for v in pending.values()):
+            return
+        time.sleep(0.01)
 
 
 def _processes_with(prefect_home: Path, wait_s: float = 15.0) -> list[int]:
