@@ -1,6 +1,7 @@
 """The training algorithm's configuration: advantage estimator, KL shaping, PPO clip, optimiser."""
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -45,9 +46,10 @@ class AlgorithmConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
 
     @model_validator(mode="after")
-    def _teamtr_needs_a_trust_region(self):
+    def _teamtr_without_a_trust_region_is_an_ablation(self):
         if self.strategy == "teamtr" and self.kl_delta is None:
-            raise ValueError("strategy=teamtr needs a trust region: set algorithm.kl_delta (e.g. 0.05)")
+            warnings.warn("algorithm.strategy=teamtr with kl_delta=null: an ablation without TeamTR's trust region "
+                          "(resampling only); set algorithm.kl_delta (e.g. 0.05) for TeamTR", UserWarning, stacklevel=2)
         return self
 
     @field_validator("estimator")

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from flows.config import ConfigError, load_config
+from flows.config import load_config
 from flows.train import update_order, update_phase
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
@@ -58,9 +58,9 @@ def test_update_order():
     assert orders == [update_order(agents, "random", 0, k) for k in range(1, 9)]  # a resume replays it
 
 
-def test_teamtr_needs_a_trust_region():
-    with pytest.raises(ConfigError, match="kl_delta"):
-        load_config("tiny", ["algorithm.strategy=teamtr"])
+def test_teamtr_without_a_trust_region_is_a_warned_ablation():
+    with pytest.warns(UserWarning, match="ablation without TeamTR's trust region"):
+        assert load_config("tiny", ["algorithm.strategy=teamtr", "algorithm.kl_delta=null"]).algorithm.kl_delta is None
     assert load_config("tiny", ["algorithm.strategy=teamtr", "algorithm.kl_delta=0.05"]).algorithm.kl_delta == 0.05
 
 
