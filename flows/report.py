@@ -69,7 +69,8 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
 
 def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
     """Per agent: loss, KL, surrogate gain, penalty, certificate, tokens, seconds, skipped, version; per
-    stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates."""
+    stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates (the stage
+    certificate, Theorem 3.6) and `stage/certified`, the number of updates whose certificate is positive."""
     up = store.read_table(run_dir, "updates", iteration)
     up = up[up["strategy"] != "stage0"]  # Stage-0 alignments (flows/align.py) log their own metrics
     m: dict[str, float] = {}
@@ -83,6 +84,8 @@ def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
     for k in ("kl", "surrogate_gain", "penalty", "certificate"):
         if up[k].notna().any():
             m[f"stage/{k}"] = float(up[k].dropna().astype(float).sum())
+    if up["certificate"].notna().any():
+        m["stage/certified"] = float((up["certificate"].dropna().astype(float) > 0).sum())
     return m
 
 

@@ -76,6 +76,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "advantages": pa.schema(_key_fields + [
         pa.field("reward", pa.float64()),
         pa.field("advantages", pa.list_(pa.float32())),
+        pa.field("raw_advantages", pa.list_(pa.float32())),  # before dividing by a std: reward units (tasks/certificate.py)
         pa.field("loss_mask", pa.list_(pa.int8())),
         pa.field("weight", pa.int32()),
     ]),

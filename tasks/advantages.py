@@ -65,13 +65,14 @@ def returns_to_go(rewards: np.ndarray) -> np.ndarray:
     return np.cumsum(rewards[::-1])[::-1].copy()
 
 
-def whiten(values: list[np.ndarray], eps: float = 1e-6) -> list[np.ndarray]:
-    """(x - mean) / (std + eps) with mean and std over every token of the whole batch."""
+def whiten(values: list[np.ndarray], eps: float = 1e-6, scale: bool = True) -> list[np.ndarray]:
+    """(x - mean) / (std + eps) with mean and std over every token of the whole batch (scale=False:
+    x - mean, in the reward's units)."""
     flat = np.concatenate(values) if values else np.zeros(0)
     if flat.size == 0:
         return values
-    mean, std = flat.mean(), flat.std()
-    return [(v - mean) / (std + eps) for v in values]
+    mean, std = flat.mean(), (flat.std() + eps if scale else 1.0)
+    return [(v - mean) / std for v in values]
 
 
 ESTIMATORS: dict[str, Callable[..., list[np.ndarray]]] = {}
@@ -86,7 +87,7 @@ def register(name: str):
 
 @register("reinforce_pp")
 def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = "k1",
-                 return_scope: str = "action", eps: float = 1e-6) -> list[np.ndarray]:
+                 return_scope: str = "action", eps: float = 1e-6, scale: bool = True) -> list[np.ndarray]:
     """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
     rewards = [token_rewards(action_kl(s, beta, kl_estimator), s.score, beta) for s in samples]
     if return_scope == "action":
@@ -105,7 +106,7 @@ def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = 
                 start += len(rewards[i])
     else:
         raise ValueError(f"unknown return_scope {return_scope!r}")
-    return whiten(returns, eps)
+    return whiten(returns, eps, scale)
 
 
 def _groups(samples: list[Sample]) -> dict[tuple[str, str], list[int]]:
@@ -116,19 +117,19 @@ def _groups(samples: list[Sample]) -> dict[tuple[str, str], list[int]]:
 
 
 @register("grpo")
-def grpo(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.ndarray]:
+def grpo(samples: list[Sample], eps: float = 1e-6, scale: bool = True, **_) -> list[np.ndarray]:
     """GRPO: A = (s - mean_group) / (std_group + eps), the same for every token of the action."""
     adv = [np.zeros(len(s.logprobs)) for s in samples]
     for idx in _groups(samples).values():
         scores = np.array([samples[i].score for i in idx], dtype=np.float64)
-        a = (scores - scores.mean()) / (scores.std() + eps)
+        a = (scores - scores.mean()) / (scores.std() + eps if scale else 1.0)
         for i, ai in zip(idx, a):
             adv[i] = np.full(len(samples[i].logprobs), ai)
     return adv
 
 
 @register("grpo_trajectory")
-def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.ndarray]:
+def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, scale: bool = True, **_) -> list[np.ndarray]:
     """MARS GRPO: A = (R - mean_group(R)) / (std_group(R) + eps) over the group's trajectories (one R
     per episode, whatever its number of samples), shared by every sample of the trajectory. Call it
     with every agent's samples at once (TRAJECTORY_ESTIMATORS), so no trajectory is left out."""
@@ -141,7 +142,7 @@ def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, **_) -> list[np.nd
     adv: dict[str, float] = {}
     for eps_ids in members.values():
         r = np.array([reward[e] for e in eps_ids])
-        adv |= dict(zip(eps_ids, (r - r.mean()) / (r.std() + eps)))
+        adv |= dict(zip(eps_ids, (r - r.mean()) / (r.std() + eps if scale else 1.0)))
     return [np.full(len(s.logprobs), adv[s.episode_id]) for s in samples]
 
 
@@ -163,7 +164,8 @@ def rloo(samples: list[Sample], **_) -> list[np.ndarray]:
 
 
 def estimate(name: str, samples: list[Sample], **kwargs) -> list[np.ndarray]:
-    """Run estimator `name` on the samples that have a score; missing scores get no advantage (None)."""
+    """Run estimator `name` on the samples that have a score; missing scores get no advantage (None).
+    `scale=False`: the same advantages before dividing by a standard deviation, in the reward's units."""
     scored = [i for i, s in enumerate(samples) if s.score is not None and np.isfinite(s.score)]
     out: list[np.ndarray | None] = [None] * len(samples)
     for i, a in zip(scored, ESTIMATORS[name]([samples[i] for i in scored], **kwargs)):

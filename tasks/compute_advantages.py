@@ -38,13 +38,15 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
             ref = None if r["ref_logprobs"] is None else np.asarray(r["ref_logprobs"], np.float64)
             samples.append(Sample(r["episode_id"], group[r["episode_id"]], r["agent"], int(r["turn"]),
                                   np.asarray(r["logprobs"], np.float64), ref, s))
-        advs = estimate(cfg.estimator, samples, beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-                        return_scope=cfg.return_scope, eps=cfg.whiten_eps)
-        for r, smp, a in zip(recs, samples, advs):
+        kwargs = dict(beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator, return_scope=cfg.return_scope, eps=cfg.whiten_eps)
+        advs = estimate(cfg.estimator, samples, **kwargs)
+        raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # the certificate's, in reward units
+        for r, smp, a, raw in zip(recs, samples, advs, raws):
             n = len(r["response_ids"])
             rows.append({k: r[k] for k in store.KEYS} | {
                 "iteration": iteration, "phase": phase, "reward": smp.score, "system": int(r["system"]),
                 "advantages": (a if a is not None else np.zeros(n)).astype(np.float32).tolist(),
+                "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
                 "loss_mask": [1 if a is not None else 0] * n, "weight": 1 if a is not None else 0})
     rng = np.random.default_rng(context.stage_seed(context.value(run_dir, "seed"), "balance", iteration, phase))
     balance_system1(rows, cfg.balance, rng)

@@ -5,7 +5,9 @@ the same loss function (tasks/losses.py).
 
 With a trust region (`algorithm.kl_delta`) the epochs stop early when a minibatch's KL estimate
 exceeds delta, then the step is halved (backtracking) until the whole batch's KL is within delta;
-the row records KL, surrogate gain, penalty and certificate (tasks/trust_region.py).
+after every update the row records the token KL on the batch and the surrogate gain in reward units,
+and, for the one-by-one strategies (`stale`, `teamtr`), the penalty and the certificate: a lower bound on
+the update's true improvement of the team's return (tasks/certificate.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import math
 import warnings
 from functools import partial
 
+import numpy as np
 from prefect import task
 
 from infra import store
@@ -25,7 +28,8 @@ from tasks.algorithm import AlgorithmConfig
 from tasks.collect_rollouts import RolloutConfig
 from tasks.decoupled import Turn, join_turns
 from tasks.losses import ppo_clip_loss
-from tasks.trust_region import Certificate, certify
+from tasks.certificate import Bound, Segment, bound, episode_terms
+from tasks.trust_region import kl_tok
 
 
 def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
@@ -45,21 +49,73 @@ def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainIt
 
 
 def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list, delta: float, steps: int,
-                         temperature: float, micro_batch_size: int) -> tuple[Certificate, float]:
-    """Backtrack from the trained weights towards `start` until KL <= delta; (certificate, step fraction
-    kept), the fraction 0 (weights back at `start`) when `steps` halvings were not enough."""
+                         temperature: float, micro_batch_size: int) -> tuple[float, float]:
+    """Backtrack from the trained weights towards `start` until KL <= delta; (KL, step fraction kept), the
+    fraction 0 (weights back at `start`) when `steps` halvings were not enough."""
     params = policy.parameters(agent)
     with policy.materialized(agent, modify=True):  # whole even where the trainer partitions them (ZeRO-3)
         end = [p.detach().clone() for p in params]
         alpha = 1.0
         for _ in range(steps + 1):
-            cert = certify(*batch_logprobs(policy, agent, items, temperature, micro_batch_size))
-            if cert.kl <= delta:
-                return cert, alpha
+            new, old, _, mask = batch_logprobs(policy, agent, items, temperature, micro_batch_size)
+            kl = kl_tok(new, old, mask)
+            if kl <= delta:
+                return kl, alpha
             alpha /= 2
             interpolate(params, start, end, alpha)
         interpolate(params, start, end, 0.0)
-    return cert, 0.0
+    return kl, 0.0
+
+
+def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batch_size: int) -> list[np.ndarray]:
+    """pi_now / pi_batch of each row's acted tokens (loss mask 1) under the agent's loaded weights."""
+    items = [TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]), [0.0] * len(r["response_ids"]),
+                       [1] * len(r["response_ids"])) for r in rows]
+    if not items:
+        return []
+    new, old, _, _ = batch_logprobs(policy, agent, items, temperature, micro_batch_size)
+    out = []
+    for i, r in enumerate(rows):
+        n, keep = len(r["response_ids"]), np.asarray(r["loss_mask"], bool)
+        out.append(np.exp((new[i, :n] - old[i, :n]).double().numpy())[keep])
+    return out
+
+
+def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict[str, int]:
+    """Agents updated on this batch before `agent` (`stale`: every earlier one), with their new versions."""
+    done = store.read_table(run_dir, "updates", iteration, phase)
+    return {r["agent"]: int(r["version_after"]) for r in done.to_dict("records")
+            if r["agent"] != agent and not r["skipped"]}
+
+
+def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str, changed: dict[str, int],
+                   temperature: float, micro_batch_size: int) -> tuple[float | None, Bound | None]:
+    """After an update: the token KL on its batch and the bound of tasks/certificate.py, with the agents
+    `changed` since the batch was sampled loaded at their new versions. (None, None) for a batch without
+    raw advantages (written before they were recorded)."""
+    df = store.load_actions(run_dir, iteration, phase)
+    mine = df[(df["agent"] == agent) & df["raw_advantages"].notna()].to_dict("records")
+    if not mine:
+        return None, None
+    episodes = {r["episode_id"] for r in mine}
+    others = [r for r in df[df["agent"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
+    ratios = dict(zip(map(id, mine), _ratios(policy, agent, mine, temperature, micro_batch_size)))
+    for other, version in changed.items():
+        policy.load(run_dir, other, version)
+        rows = [r for r in others if r["agent"] == other]
+        ratios |= dict(zip(map(id, rows), _ratios(policy, other, rows, temperature, micro_batch_size)))
+    rho = np.concatenate([ratios[id(r)] for r in mine])
+    kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
+    segments: dict[str, list[Segment]] = {}
+    for r in sorted(mine + others, key=lambda r: (r["episode_id"], r["turn"])):
+        acted = np.asarray(r["loss_mask"], bool)
+        adv = np.asarray(r["raw_advantages"], np.float64)[acted] if r["agent"] == agent else None
+        segments.setdefault(r["episode_id"], []).append(Segment(r["agent"], ratios[id(r)], adv))
+    x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
+    group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
+    raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in mine])
+    span = max(1.0, float(raw.max() - raw.min())) if len(raw) else 1.0  # rewards in [0, 1], or what the KL shaping widened
+    return kl, bound(x, y, [str(group[e]) for e in segments], span)
 
 
 def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> dict:
@@ -88,17 +144,23 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
                                            micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
                                            seed=seed, optimizer_state=ckpt / OPTIMIZER,
                                            temperature=temperature, on_step=advance)
-        row |= {"kl": res.stats.get("kl"), "surrogate_gain": res.stats.get("surrogate"),
-                "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
+        row |= {"kl": None, "surrogate_gain": None, "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
                 "skipped": res.skipped, "reason": res.reason}
         if not res.skipped and cfg.kl_delta is not None:
-            cert, kept = enforce_trust_region(policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps,
-                                              temperature, cfg.micro_batch_size)
-            row |= {"kl": cert.kl, "surrogate_gain": cert.gain, "penalty": cert.penalty,
-                    "certificate": cert.value, "reason": f"step x{kept:g}" if kept < 1 else ""}
+            kl, kept = enforce_trust_region(policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps,
+                                            temperature, cfg.micro_batch_size)
+            row |= {"kl": kl, "reason": f"step x{kept:g}" if kept < 1 else ""}
             if kept == 0.0:
-                row |= {"skipped": True, "reason": f"trust region: KL {cert.kl:.4g} > delta {cfg.kl_delta:g} after "
+                row |= {"skipped": True, "reason": f"trust region: KL {kl:.4g} > delta {cfg.kl_delta:g} after "
                         f"{cfg.backtrack_steps} halvings; weights restored"}
+        if not row["skipped"]:
+            sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
+            changed = updated_before(run_dir, iteration, phase, agent) if sequential else {}
+            kl, b = measure_update(policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size)
+            if b is not None:
+                cert = b.certificate if sequential and math.isfinite(b.certificate) else None
+                row |= {"kl": kl, "surrogate_gain": b.gain, "penalty": b.penalty if cert is not None else None,
+                        "certificate": cert}
         if row["skipped"]:
             warnings.warn(f"{agent} iteration {iteration}: {row['reason']}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before

@@ -146,3 +146,10 @@ def test_estimate_skips_missing_scores(missing):
     # reinforce_pp (beta 0): G = [.5, .5], [1] (the missing action's tokens are not in the batch statistics):
     # mean 2/3, var (1/36 + 1/36 + 4/36)/3 = 1/18, std 0.2357023 -> (-1/6)/std = -0.7071068, (1/3)/std = 1.4142136
     close(estimate("reinforce_pp", samples, beta=0.0, eps=0.0), [[-0.7071068] * 2, None, [1.4142136]])
+
+
+def test_unscaled_advantages_are_in_the_rewards_units():
+    """`scale=False` (the certificate's raw advantages): the same estimate before dividing by a std."""
+    samples = [S(0.5, n=2), S(None, n=3), S(1.0)]
+    close(estimate("grpo", samples, scale=False), [[-0.25, -0.25], None, [0.25]])  # s - group mean 0.75
+    close(estimate("reinforce_pp", samples, beta=0.0, scale=False), [[-1 / 6] * 2, None, [1 / 3]])  # G - mean 2/3

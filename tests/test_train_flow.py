@@ -191,7 +191,7 @@ def test_teamtr_resamples_with_the_partially_updated_team(teamtr_run):
         assert played["resample-1"] == start | {first: k}  # the first agent already updated
         assert played["resample-2"] == start | {first: k, second: k}
         assert set(rows["version_after"]) == {k}
-    # the trust region holds, and the certificate is the gain minus the Pinsker penalty
+    # the trust region holds, and the certificate is the gain minus the penalty (tasks/certificate.py)
     assert (up["kl"].astype(float) <= 0.05).all()
     np.testing.assert_allclose(up["certificate"].astype(float),
                                up["surrogate_gain"].astype(float) - up["penalty"].astype(float), rtol=1e-9)
@@ -226,6 +226,10 @@ def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_h
     assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
     assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}
     joint = train(config=tiny_config(tmp_path / "joint", "iterations=1", "evaluate=false"))
+    # one meaning of the gain in both; a certificate only for the one-by-one updates
+    assert up["certificate"].notna().all() and up["surrogate_gain"].notna().all()
+    up_joint = store.read_table(joint, "updates")
+    assert up_joint["certificate"].isna().all() and up_joint["surrogate_gain"].notna().all()
     for a in AGENTS:
         w = [load_file(Path(d) / "checkpoints" / a / "v0001" / "adapter_model.safetensors") for d in (run_dir, joint)]
         assert w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])
