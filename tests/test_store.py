@@ -18,7 +18,7 @@ ROWS = {
                     tool_name="python", tool_input="print(5)", tool_output="5", parent_turn=None, infra_error=None),
     "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok",
                   error_kind=None),
-    "advantages": dict(KEY, reward=0.7, advantages=[0.5, -1.5], loss_mask=[1, 0], weight=1),
+    "advantages": dict(KEY, reward=0.7, advantages=[0.5, -1.5], raw_advantages=[0.25, -0.75], loss_mask=[1, 0], weight=1),
     "updates": dict(run_id="r1", agent="solver", strategy="joint", kl=0.01, surrogate_gain=0.1, penalty=0.0,
                     certificate=0.0, loss=-0.1, tokens=12, seconds=1.5, version_before=0, version_after=1,
                     skipped=False, reason=""),
