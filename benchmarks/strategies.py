@@ -41,6 +41,7 @@ VARIANTS = {
     "joint": [],
     "teamtr": ["algorithm.strategy=teamtr", "algorithm.kl_delta={delta}"],
     "stale": ["algorithm.strategy=stale", "algorithm.kl_delta={delta}"],
+    "teamtr-d0.01": ["algorithm.strategy=teamtr", "algorithm.kl_delta=0.01"],  # a tighter trust region
     "teamtr-no-tr": ["algorithm.strategy=teamtr", "algorithm.kl_delta=null"],
     # one question per resample: the smallest TeamTR overhead this batch allows
     "teamtr-rq1": ["algorithm.strategy=teamtr", "algorithm.kl_delta={delta}", "algorithm.resample_questions=1"],
