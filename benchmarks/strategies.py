@@ -118,9 +118,11 @@ def load() -> dict[str, dict[int, pd.DataFrame]]:
     return out
 
 
-def mean_sd(x: list[float]) -> str:
+def mean_sd(x: list[float], digits: int = 2) -> str:
     # mean ± sample sd over seeds (sd needs two seeds)
-    return f"{np.mean(x):.2f} ± {np.std(x, ddof=1):.2f}" if len(x) > 1 else f"{x[0]:.2f} (one seed)"
+    if len(x) > 1:
+        return f"{np.mean(x):.{digits}f} ± {np.std(x, ddof=1):.{digits}f}"
+    return f"{x[0]:.{digits}f} (one seed)"
 
 
 def report() -> str:
@@ -150,7 +152,34 @@ def report() -> str:
         certified = sum(int(t["certified_updates"].sum()) for t in train)
         lines.append(f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {final} | {regress} | "
                      f"{100 * np.mean(extra):.0f}% | {f'{certified} of {certs}' if certs else 'none computed'} |")
+    lines += certificate_table(runs)
     return "\n".join(lines) + "\n"
+
+
+def certificate_table(runs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
+    """Per certified variant and iteration: the stage certificate (mean ± sd over seeds), the updates it
+    certified, and the held-out change over the evaluation interval that iteration ends."""
+    lines = ["", "Certificates per iteration (tasks/certificate.py; a stage's certificate is the sum of its "
+             "updates'), beside the held-out change measured over the evaluation interval ending there:", "",
+             "| variant | iteration | stage gain | stage penalty | stage certificate | updates certified | "
+             "held-out change |", "|---|---|---|---|---|---|---|"]
+    for variant in VARIANTS:
+        dfs = runs.get(variant, {})
+        if not dfs or not any(d["certificates"].sum() for d in dfs.values()):
+            continue
+        for it in sorted(set.intersection(*(set(d["iteration"]) for d in dfs.values())) - {0}):
+            rows = [d.set_index("iteration").loc[it] for d in dfs.values()]
+            change = []
+            for d in dfs.values():
+                ev = d.dropna(subset=["heldout_success"]).set_index("iteration")["heldout_success"]
+                if it in ev.index and len(ev.loc[:it]) > 1:
+                    change.append(float(ev.loc[it] - ev.loc[:it].iloc[-2]))
+            lines.append(f"| {variant} | {it} | {mean_sd([r['stage_gain'] for r in rows], 4)} | "
+                         f"{mean_sd([r['stage_penalty'] for r in rows], 4)} | "
+                         f"{mean_sd([r['stage_certificate'] for r in rows], 4)} | "
+                         f"{sum(int(r['certified_updates']) for r in rows)} of {sum(int(r['certificates']) for r in rows)} | "
+                         f"{mean_sd(change) if change else '-'} |")
+    return lines
 
 
 def write_section(text: str) -> None:
