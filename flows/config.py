@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from infra.engines.config import EnginesConfig
 from infra.models import ModelConfig
 from infra.policy import CheckpointConfig
-from pipelines import MathChatConfig, PipelineConfig
+from pipelines import PIPELINES, MathChatConfig, PipelineConfig
+from pipelines.base import no_blind_rubric
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach import CoachConfig
 from tasks.collect_rollouts import RolloutConfig
@@ -66,6 +67,13 @@ class RunConfig(BaseModel):
                              "in memory): name a Hugging Face model, a local folder or smollm2-135m-instruct")
         if e.trainer == "deepspeed" and e.device == "cpu":
             raise ValueError("engines.trainer=deepspeed runs on a GPU: set engines.device=cuda")
+        return self
+
+    @model_validator(mode="after")
+    def _coach_fits_the_pipeline(self):
+        c = self.coach
+        if c.backend == "rubric" and not c.ground_truth and not PIPELINES[self.pipeline.name].answer_blind_rubric:
+            raise ValueError(no_blind_rubric(self.pipeline.name))
         return self
 
 

@@ -72,19 +72,31 @@ class Act(Protocol):
 class Pipeline(Protocol):
     name: str
     agents: list[AgentSpec]
+    answer_blind_rubric: bool  # rubric(..., ground_truth=False) exists (coach.ground_truth=false, backend rubric)
 
     def problems(self, split: str) -> list[Problem]: ...
 
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]: ...
 
-    def rubric(self, episode: Episode) -> list[tuple[float | None, str]]:
-        """A score 0..10 and a rationale per action; None = not scored (stored as `skipped`, no gradient)."""
+    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+        """A score 0..10 and a rationale per action; None = not scored (stored as `skipped`, no gradient).
+        Without `ground_truth` the scores must not depend on the problem's answer."""
 
-    def feedback(self, episode: Episode) -> list[str]: ...
+    def feedback(self, episode: Episode, ground_truth: bool) -> list[str]:
+        """Environment feedback per action for the `llm` coach; without `ground_truth` no text of it may
+        contain the answer or anything derived from it (a score against hidden labels, gold documents)."""
+
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         """System 1's prompt for one packed bin (dual-system pipelines only)."""
+
+
+def no_blind_rubric(pipeline: str) -> str:
+    """Why coach.ground_truth=false cannot run with coach.backend=rubric on `pipeline`."""
+    return (f"coach.ground_truth=false with coach.backend=rubric: the {pipeline} pipeline has no answer-blind rubric "
+            "(its rubric scores against the answer); use coach.backend=llm, which is answer-blind for every "
+            "pipeline, or coach.ground_truth=true")
 
 
 def action_row(turn: int, agent: str, g: Generation, system: int = 0, prompt_ids: list[int] | None = None,

@@ -2,7 +2,8 @@
 
 Backends: `rubric` (the pipeline's deterministic rules, offline) and `llm` (any OpenAI-compatible
 chat endpoint; asks for a rationale and `PROCESS_SCORE: N`; calls are concurrent and cached by
-(coach model, prompt hash)).
+(coach model, prompt hash)). With `ground_truth: false` neither sees the problem's answer: the pipeline's
+answer-blind rubric, or feedback without it (pipelines/base.py `Pipeline.rubric`, `Pipeline.feedback`).
 
 The `llm` coach never fails the iteration: the client retries timeouts, 429 and 5xx and refused
 connections with exponential backoff (honouring Retry-After); answers without a score in 0..10 are
@@ -48,6 +49,10 @@ class CoachConfig(BaseModel):
     backend: Literal["rubric", "llm", "outcome"] = Field(
         "rubric", description="`rubric` (deterministic, offline), `llm` (OpenAI-compatible endpoint) or `outcome` "
         "(no process reward: every action gets the sparse end-of-episode outcome, x10)")
+    ground_truth: bool = Field(True, description="rubric / llm: the coach sees the problem's answer (false: "
+                               "answer-blind, each action judged from the episode's evidence alone: the answer-blind "
+                               "rubric (mathchat only), or llm feedback without the answer). `outcome` is the answer's "
+                               "verdict by definition, so it ignores this")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="llm: the endpoint's /v1 URL")
     model: str = Field("coach", description="llm: model name sent to the endpoint")
     api_key_env: str = Field("OPENAI_API_KEY", description="llm: environment variable holding the API key "
@@ -96,8 +101,11 @@ class CoachResult:
     error_kind: str | None = None  # one of ERROR_KINDS when the score is missing
 
 
-def build_prompt(r: CoachRequest, max_context_chars: int) -> str:
+def build_prompt(r: CoachRequest, max_context_chars: int, ground_truth: bool = True) -> str:
+    """The grading request; without `ground_truth` it says that no answer is given (the feedback has none)."""
     ctx = r.context if len(r.context) <= max_context_chars else "..." + r.context[-max_context_chars:]
+    blind = "" if ground_truth else ("The correct answer is not given: judge the action by the evidence above "
+                                     "alone (is it sound, and does it use what the agent saw faithfully?). ")
     return (
         "You coach a team of AI agents. Grade ONE action of ONE agent.\n"
         f"Team task: {r.question}\n"
@@ -105,16 +113,20 @@ def build_prompt(r: CoachRequest, max_context_chars: int) -> str:
         f"What the agent saw:\n{ctx}\n"
         f"The agent's action:\n{r.action}\n"
         f"Environment feedback:\n{r.feedback}\n\n"
-        "Judge only this agent's own contribution: if it failed because an earlier agent failed, "
+        f"{blind}Judge only this agent's own contribution: if it failed because an earlier agent failed, "
         "blame that agent, not this one. Give a one-sentence rationale, then end with the line\n"
         "PROCESS_SCORE: N\nwhere N is an integer from 0 (harmful) to 10 (perfect)."
     )
 
 
-# One worked example turn before the real request: small coaches copy the answer format from it.
-EXAMPLE = (CoachRequest("Compute 2*5.", "Code Executor: writes Python that prints the answer", "Problem: Compute 2*5.",
-                        "```python\nprint(2+5)\n```", "Program output: 7. Correct answer: 10."),
-           "The program adds instead of multiplying, so it prints the wrong number.\nPROCESS_SCORE: 2")
+# One worked example turn before the real request, by coach.ground_truth: small coaches copy the
+# answer format from it (the answer-blind one judges the program against the task, not an answer).
+_EXAMPLE_TASK = ("Compute 2*5.", "Code Executor: writes Python that prints the answer", "Problem: Compute 2*5.",
+                 "```python\nprint(2+5)\n```")
+EXAMPLES = {True: (CoachRequest(*_EXAMPLE_TASK, "Program output: 7. Correct answer: 10."),
+                   "The program adds instead of multiplying, so it prints the wrong number.\nPROCESS_SCORE: 2"),
+            False: (CoachRequest(*_EXAMPLE_TASK, "Program output: 7."),
+                    "The task multiplies but the program adds, so it cannot print 2*5.\nPROCESS_SCORE: 2")}
 
 
 class _Cache:
@@ -184,15 +196,17 @@ class LLMCoach:
     def score(self, req: CoachRequest) -> CoachResult:
         import openai
 
-        prompt = build_prompt(req, self.cfg.max_context_chars)
+        prompt = build_prompt(req, self.cfg.max_context_chars, self.cfg.ground_truth)
         key = hashlib.sha256(f"{self.cfg.model}\0{prompt}".encode()).hexdigest()
         if self.cache and (hit := self.cache.get(key)):
             return CoachResult(hit["score"], hit["rationale"], "ok", 0.0, cached=True)
         t0 = time.perf_counter()
         messages = [{"role": "system", "content": SYSTEM}]
         if self.cfg.few_shot:
-            messages += [{"role": "user", "content": build_prompt(EXAMPLE[0], self.cfg.max_context_chars)},
-                         {"role": "assistant", "content": EXAMPLE[1]}]
+            example, reply = EXAMPLES[self.cfg.ground_truth]
+            messages += [{"role": "user", "content": build_prompt(example, self.cfg.max_context_chars,
+                                                                  self.cfg.ground_truth)},
+                         {"role": "assistant", "content": reply}]
         messages.append({"role": "user", "content": prompt})
         try:
             for _ in range(self.cfg.reask + 1):

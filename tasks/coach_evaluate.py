@@ -55,7 +55,8 @@ def _score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> lis
         for e in episodes:
             t0 = time.perf_counter()
             try:
-                scores = with_retries(lambda: pipe.rubric(e), "scorer", f"the rubric on {e.episode_id}")
+                scores = with_retries(lambda: pipe.rubric(e, cfg.ground_truth), "scorer",
+                                      f"the rubric on {e.episode_id}")
             except InfraFault as fault:
                 out.append(unscored(e, infra_record(fault.kind, fault.message)))
                 continue
@@ -65,7 +66,7 @@ def _score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> lis
     roles = {a.name: a.role for a in pipe.agents}
     reqs, shape = [], []
     for e in episodes:
-        fb = pipe.feedback(e)
+        fb = pipe.feedback(e, cfg.ground_truth)
         shape.append(len(e.actions))
         reqs += [CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
                  for a, f in zip(e.actions, fb)]

@@ -151,17 +151,18 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     assert latest_version(rd, "executor") == 2 and latest_version(rd, "solver") == 1
     meta = json.loads((run_dir / "checkpoints/executor/v0002/meta.json").read_text())
     assert meta["stage0"] is True and meta["aligned_to"] == 1 and meta["steps"] == r["steps"]
+    # (the verifier stays at 0: on the tiny preset it is never scored, so never updated)
     assert store.agent_versions(rd, ["solver", "executor", "verifier"], 1) == {"solver": 1, "executor": 2,
-                                                                               "verifier": 1}
+                                                                               "verifier": 0}
     up = store.read_table(rd, "updates", 1, "align")
     assert list(up["strategy"]) == ["stage0"] and int(up["version_after"].iloc[0]) == 2
 
     # the swap-shock partitions, played by the intended teams, and the record
     eps = store.load_episodes(rd, iteration=1)
     played = {ph: dict(g["policy_versions"].iloc[0]) for ph, g in eps.groupby("phase")}
-    assert played["eval"] == {"solver": 1, "executor": 1, "verifier": 1}
-    assert played["eval-swap-executor"] == {"solver": 1, "executor": 0, "verifier": 1}
-    assert played["eval-aligned-executor"] == {"solver": 1, "executor": 2, "verifier": 1}
+    assert played["eval"] == {"solver": 1, "executor": 1, "verifier": 0}
+    assert played["eval-swap-executor"] == {"solver": 1, "executor": 0, "verifier": 0}
+    assert played["eval-aligned-executor"] == {"solver": 1, "executor": 2, "verifier": 0}
     assert (eps[eps.phase != "rollout"].groupby("phase").size() == 4).all()  # 4 held-out problems each
     assert store.partition_exists(rd, "coach", 1, "eval-aligned-executor")
     rec = store.read_table(rd, "align").iloc[0]

@@ -271,7 +271,8 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
 
     for table in TABLES:
         pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
-    for agent in ("solver", "executor", "verifier"):
+    assert latest_version(run_dir, "verifier") == 0 and _kept(run_dir, "verifier") == ([0], [])  # never scored
+    for agent in ("solver", "executor"):
         assert latest_version(run_dir, agent) == latest_version(ref_dir, agent) == 2
         # v1 stays whole while iteration 2, which started from it, is the last one (it can be redone)
         assert _kept(run_dir, agent) == ([0, 1, 2], [1, 2])

@@ -44,7 +44,8 @@ def test_episode_table_is_one_row_per_action_with_episode_and_coach(trained_run)
     coach = store.read_table(run_dir, "coach")
     joined = df.merge(coach[KEYS + ["score"]], on=KEYS, suffixes=("", "_coach"))
     assert len(joined) == len(df)
-    assert (joined["score"].astype(float) == joined["score_coach"].astype(float)).all()
+    # an unscored action (None, status `skipped`) stays unscored
+    assert joined["score"].astype(float).fillna(-1).equals(joined["score_coach"].astype(float).fillna(-1))
     eps = store.load_episodes(run_dir).set_index(["iteration", "phase", "episode_id"])
     for r in df.sample(5, random_state=0).itertuples():
         assert bool(eps.loc[(r.iteration, r.phase, r.episode_id), "success"]) == bool(r.success)
@@ -89,7 +90,7 @@ def test_export_csv_round_trip(trained_run, tmp_path):
     assert rows == len(back) == n_actions
     assert {"episode_id", "turn", "agent", "question", "answer", "score", "rationale", "success"} <= set(back.columns)
     assert not set(TOKEN_COLUMNS) & set(back.columns)
-    assert back["score"].between(0, 10).all()
+    assert back["score"].dropna().between(0, 10).all() and back["score"].notna().any()
 
     path, _ = export(run_dir, "CSV", tmp_path / "tokens.csv", tokens=True)
     back = pd.read_csv(path)
@@ -131,7 +132,8 @@ def test_transcript_shows_question_turns_coach_and_result(trained_run):
         assert heading in text
         positions.append(text.index(heading))
         section = text[positions[-1]:]
-        assert f"coach score {float(a.score):g} (rubric): {a.rationale.strip()}" in section
+        verdict = f"{float(a.score):g} (rubric)" if a.status == "ok" else "- (rubric), status skipped"  # unscored
+        assert f"coach score {verdict}: {a.rationale.strip()}" in section
         if a.response_text.strip():
             assert a.response_text.strip()[:40] in section
     assert positions == sorted(positions)

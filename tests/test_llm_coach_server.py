@@ -70,7 +70,7 @@ def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
     reqs = []
     for ep in load_partition_episodes(str(run_dir), 1, "rollout")[:n]:
         reqs += [CoachRequest(ep.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], fb)
-                 for a, fb in zip(ep.actions, pipe.feedback(ep))]
+                 for a, fb in zip(ep.actions, pipe.feedback(ep, True))]
     return reqs
 
 

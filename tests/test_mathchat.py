@@ -6,7 +6,7 @@ import pytest
 from pipelines.base import Episode, Problem
 from pipelines.mathchat import MathChat, MathChatConfig, extract_code
 from pipelines.mathchat import problems as gen
-from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
+from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 
 ALL = ["arith", "two_step", "number_theory"]
 
@@ -116,43 +116,39 @@ def test_last_int():
 PROBLEM = Problem("t", "What is the remainder when 100 is divided by 7?", "2")
 
 
-def episode(solver="Divide 100 by 7 and take the remainder.", output="2", stated="2"):
+def episode(solver="Divide 100 by 7 and take the remainder.", output="2", stated="2", verdict=None):
+    """A hand-written episode; the verifier replies `verdict` (default `ANSWER: <stated>`) and states `stated`."""
     acts = [{"turn": 0, "agent": "solver", "response_text": solver, "tool_output": None},
             {"turn": 1, "agent": "executor", "response_text": "```python\nprint(100 % 7)\n```", "tool_output": output},
-            {"turn": 2, "agent": "verifier", "response_text": f"ANSWER: {stated}", "tool_output": None}]
+            {"turn": 2, "agent": "verifier", "response_text": f"ANSWER: {stated}" if verdict is None else verdict,
+             "tool_output": None}]
     return Episode(problem=PROBLEM, episode_id="e", group_id="g", actions=acts, final_answer=stated)
 
 
-def scores(ep):
-    return [s for s, _ in rubric_scores(ep)]
+def scores(ep, rubric=rubric_scores):
+    return [s for s, _ in rubric(ep)]
+
+
+FAILURES = [("NO CODE: the reply had no Python code block", 0.0), ("TIMEOUT: the program did not finish in time", 1.0),
+            ("ERROR: ZeroDivisionError: division by zero", 2.0), ("(no output)", 3.0)]
 
 
 def test_rubric_all_correct():
     assert scores(episode()) == [10.0, 10.0, 10.0]
 
 
-@pytest.mark.parametrize("output, executor_score", [
-    ("ERROR: ZeroDivisionError: division by zero", 2.0),
-    ("TIMEOUT: the program did not finish in time", 1.0),
-    ("NO CODE: the reply had no Python code block", 0.0),
-])
+@pytest.mark.parametrize("output, executor_score", FAILURES)
 @pytest.mark.parametrize("stated", ["", "3"])  # no answer, or a guess
-def test_rubric_code_failure_blames_the_executor(output, executor_score, stated):
-    solver, executor, verifier = scores(episode(output=output, stated=stated))
+def test_rubric_code_failure_blames_the_executor_and_leaves_the_verifier_unscored(output, executor_score, stated):
+    (solver, _), (executor, _), (verifier, why) = rubric_scores(episode(output=output, stated=stated))
     assert executor == executor_score
-    assert verifier > 0            # reporting an upstream failure is not punished like a wrong statement
     assert solver == 6.0           # plan used both quantities (100, 7) but did not reach 2: 2 + 4 * 1.0
+    # nothing to report: not the verifier's failure, so no score (a neutral 5 would whiten into a penalty)
+    assert verifier is None and why == "not scored: the program gave no result; upstream is at fault"
 
 
-@pytest.mark.parametrize("output", [
-    "ERROR: ZeroDivisionError: division by zero",
-    "TIMEOUT: the program did not finish in time",
-    "NO CODE: the reply had no Python code block",
-])
-def test_rubric_faithful_reporter_scores_above_the_failing_upstream(output):
-    # DESIGN.md: "the upstream agent that failed ... gets the low score, not the agent that correctly reported it"
-    _, executor, verifier = scores(episode(output=output, stated=""))
-    assert verifier > executor
+def test_rubric_verifier_stating_the_truth_after_a_failed_program():
+    assert scores(episode(output="ERROR: boom", stated="2")) == [6.0, 2.0, 10.0]
 
 
 def test_rubric_correct_program_but_verifier_states_something_else():
@@ -161,17 +157,52 @@ def test_rubric_correct_program_but_verifier_states_something_else():
     assert scores(episode(output="2", stated=""))[2] == 0.0  # stating nothing after a correct program too
 
 
-def test_rubric_wrong_program_faithful_verifier():
-    solver, executor, verifier = scores(episode(output="3", stated="3"))
-    assert executor == 4.0 and verifier == 5.0  # faithful report of the wrong output; the executor is at fault
+def test_rubric_wrong_program():
+    (_, _), (executor, why), (verifier, verdict) = rubric_scores(episode(output="3", stated="3"))
+    assert (executor, why) == (4.0, "program printed 3, expected 2")
+    # a faithful report of the wrong output: the executor is at fault, the verifier is not scored
+    assert verifier is None and verdict.startswith("not scored: faithfully reported")
     assert scores(episode(output="3", stated="8"))[2] == 2.0  # supported by neither program nor truth
+    assert scores(episode(output="3", stated=""))[2] == 3.0   # silent although the program printed a number
 
 
 def test_rubric_solver_credited_when_its_plan_names_the_answer():
     solver, executor, _ = scores(episode(solver="100 = 14*7 + 2, so it is 2.", output="ERROR: NameError: x", stated=""))
     assert solver == 8.0 and executor == 2.0
     assert scores(episode(solver="No idea.", output="ERROR: boom", stated=""))[0] == 2.0  # used none of the numbers
+    assert scores(episode(solver="Take 100 mod 9.", output="4", stated="4"))[0] == 4.0   # one of two: 2 + 4 * 0.5
 
 
-def test_rubric_program_without_a_number():
-    assert scores(episode(output="(no output)", stated=""))[1] == 3.0
+@pytest.mark.parametrize("output, executor_score", [*FAILURES, ("2", 8.0), ("3", 8.0)])
+def test_blind_rubric_executor_is_judged_on_running_and_printing(output, executor_score):
+    assert scores(episode(output=output), blind_rubric_scores)[1] == executor_score  # right or wrong alike
+
+
+@pytest.mark.parametrize("plan, score", [("Divide 100 by 7 and take the remainder.", 10.0),
+                                         ("Divide 100 by the divisor.", 6.0),      # one of two: 2 + 8 * 0.5
+                                         ("No idea.", 2.0),
+                                         ("```python\nprint(100 % 7)\n```", 1.0),  # code, not a plan
+                                         ("print(100 % 7)", 1.0)])
+def test_blind_rubric_solver_is_judged_on_its_plan(plan, score):
+    assert scores(episode(solver=plan), blind_rubric_scores)[0] == score
+
+
+@pytest.mark.parametrize("output, stated, verdict, score", [
+    ("3", "3", None, 10.0),             # ANSWER: <printed>, faithful (that 3 is wrong is unknown to it)
+    ("2", "2", "It is 2.", 6.0),        # faithful, not in the ANSWER format
+    ("3", "", "I cannot tell.", 3.0),   # silent although the program printed a number
+    ("3", "2", None, 2.0),              # invented a number the program did not print (even the right one)
+    ("ERROR: boom", "3", None, None),   # no program result to report: upstream is at fault, not scored
+    ("(no output)", "", "nothing", None),
+])
+def test_blind_rubric_verifier_is_judged_on_faithfulness(output, stated, verdict, score):
+    (_, _), (_, _), (got, why) = blind_rubric_scores(episode(output=output, stated=stated, verdict=verdict))
+    assert got == score
+    assert (got is None) == why.startswith("not scored:")
+
+
+def test_blind_rubric_ignores_the_answer():
+    for ep in (episode(), episode(output="3", stated="3"), episode(output="ERROR: boom", stated="")):
+        other = Episode(Problem("t", PROBLEM.question, "987654"), "e", "g", ep.actions, ep.final_answer)
+        assert blind_rubric_scores(ep) == blind_rubric_scores(other)
+        assert "987654" not in str(blind_rubric_scores(other))

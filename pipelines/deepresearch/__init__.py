@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import continue_chat, encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import INFRA_PREFIX, SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row
+from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row, no_blind_rubric
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
@@ -93,6 +93,7 @@ def parse_turn(text: str) -> tuple[str, str, str]:
 
 class DeepResearch:
     name = "deepresearch"
+    answer_blind_rubric = False
 
     def __init__(self, cfg: DeepResearchConfig, seed: int):
         self.cfg, self.seed = cfg, seed
@@ -223,21 +224,25 @@ class DeepResearch:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         return tok.decode(ids[:self.cfg.context_tokens])
 
-    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
+    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+        if not ground_truth:  # it scores against the gold answer and support documents
+            raise ValueError(no_blind_rubric(self.name))
         return rubric_scores(episode, self._support_titles.get(episode.problem.task_id, []))
 
-    def feedback(self, episode: Episode) -> list[str]:
-        """Environment feedback per action, as the LLM coach sees it (with the ground truth)."""
+    def feedback(self, episode: Episode, ground_truth: bool) -> list[str]:
+        """Environment feedback per action, as the LLM coach sees it; with `ground_truth` the gold answer
+        and the documents needed (the gold support titles), without them only what the episode shows."""
         gold, titles = episode.problem.answer, ", ".join(self._support_titles.get(episode.problem.task_id, []))
+        truth = f" Correct answer: {gold}." if ground_truth else ""
+        needed = f" Documents needed: {titles}.{truth}" if ground_truth else ""
         out = []
         for a in episode.actions:
             if a["agent"] == "system1":
-                out.append(f"Documents needed: {titles}. Correct answer: {gold}.")
+                out.append(needed.strip() if ground_truth else f"Extraction purpose: {a['tool_input']}.")
             elif a["tool_name"] == "answer":
-                out.append(f"Stated answer: {episode.final_answer or '(none)'}. Correct answer: {gold}.")
+                out.append(f"Stated answer: {episode.final_answer or '(none)'}.{truth}")
             else:
                 got = re.findall(r"^# (.+)$", a["tool_output"] or "", re.M)
-                out.append(f"Retrieved: {', '.join(got) or '(nothing)'}. Documents needed: {titles}. "
-                           f"Correct answer: {gold}.")
+                out.append(f"Retrieved: {', '.join(got) or '(nothing)'}.{needed}")
         return out
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
+from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric
 from pipelines.dsbench import data
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 
@@ -112,6 +112,7 @@ def program(text: str) -> str | None:
 
 class DSBench:
     name = "dsbench"
+    answer_blind_rubric = False
     agents = [
         AgentSpec("data_engineer", "Data Engineer: writes feature-engineering code that produces the feature files"),
         AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),
@@ -204,13 +205,16 @@ class DSBench:
         e.outcome = data.outcome(p, s)
         e.final_answer = s.feedback[:500]
 
-    def rubric(self, episode: Episode) -> list[tuple[float | None, str]]:
+    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+        if not ground_truth:  # its scores grow with the outcome, measured on the hidden test labels
+            raise ValueError(no_blind_rubric(self.name))
         return rubric_scores(episode)
 
-    def feedback(self, episode: Episode) -> list[str]:
+    def feedback(self, episode: Episode, ground_truth: bool) -> list[str]:
         """Environment feedback per action, as the LLM coach sees it: the program's output and the files it
-        left, and at the end the submission's score."""
-        return [f"{a['tool_output']}\nFinal result: {episode.final_answer}" for a in episode.actions]
+        left, and with `ground_truth` the submission's score (measured on the hidden test labels)."""
+        final = f"\nFinal result: {episode.final_answer}" if ground_truth else ""
+        return [f"{a['tool_output']}{final}" for a in episode.actions]
 
 
 def _files(ws: Path) -> str:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.mathchat import problems as gen
-from pipelines.mathchat.rubric import extract_int, last_int, rubric_scores
+from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 
 
 class MathChatConfig(BaseModel):
@@ -39,6 +39,7 @@ VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWE
 
 class MathChat:
     name = "mathchat"
+    answer_blind_rubric = True
     agents = [
         AgentSpec("solver", "Problem Solver: explains how to compute the answer"),
         AgentSpec("executor", "Code Executor: writes Python that prints the answer; it is run, stdout/stderr is feedback"),
@@ -102,14 +103,13 @@ class MathChat:
             e.metrics["code_correct"] = float(out_num is not None and str(out_num) == e.problem.answer)
         return eps
 
-    def rubric(self, episode: Episode) -> list[tuple[float, str]]:
-        return rubric_scores(episode)
+    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+        return rubric_scores(episode) if ground_truth else blind_rubric_scores(episode)
 
-    def feedback(self, episode: Episode) -> list[str]:
-        """Environment feedback per action, as the coach sees it (with the ground truth)."""
+    def feedback(self, episode: Episode, ground_truth: bool) -> list[str]:
+        """Environment feedback per action, as the coach sees it (with the ground truth if `ground_truth`)."""
         code_out = episode.actions[1]["tool_output"]
-        truth = episode.problem.answer
-        return [f"The executor's program then printed: {code_out}. Correct answer: {truth}.",
-                f"Program output: {code_out}. Correct answer: {truth}.",
-                f"Stated answer: {episode.final_answer or '(none)'}. Correct answer: {truth}."]
-
+        truth = f" Correct answer: {episode.problem.answer}." if ground_truth else ""
+        return [f"The executor's program then printed: {code_out}.{truth}",
+                f"Program output: {code_out}.{truth}",
+                f"Stated answer: {episode.final_answer or '(none)'}.{truth}"]
