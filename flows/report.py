@@ -21,7 +21,7 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
     """Success, coach score and reward per agent, response length, code errors of one partition, the
     number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`) and
     of episodes per infrastructure fault kind (`infra_error/<kind>`). Success counts only the episodes no
-    infrastructure fault hit."""
+    infrastructure fault hit; on an evaluation partition also per group of problems (`group_success`)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
     flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
@@ -35,6 +35,7 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
         if evaluation:
             lo, hi = bootstrap_ci(succ)
             m["success_ci_low"], m["success_ci_high"] = lo, hi
+            m |= group_success(ran)
     if len(main):
         em = pd.DataFrame([dict(d) for d in main["metrics"]]).drop(columns=["greedy"], errors="ignore")
         m["code_error_rate"] = float(em["code_error"].mean()) if "code_error" in em else 0.0
@@ -65,6 +66,19 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
             for name in dict.fromkeys([*names, *counts.index]):
                 m[f"{prefix}/{name}"] = float(counts.get(name, 0))
     return m
+
+
+def group_success(eps: pd.DataFrame) -> dict[str, float]:
+    """`success/<group>`: the success rate of `eps` per group of problems, where their pipeline groups them
+    (Pipeline.group_of; DSBench: per dataset, so held-out success shows which unseen datasets the team solves)."""
+    from pipelines import PIPELINES  # a slow import (every pipeline): only evaluation partitions need it
+    from pipelines.base import Problem, problem_group
+
+    cls = PIPELINES.get(eps["pipeline"].iloc[0])
+    groups = [problem_group(cls, Problem(t, q, a)) for t, q, a in zip(eps["task_id"], eps["question"], eps["answer"])]
+    df = pd.DataFrame({"group": groups, "success": eps["success"].astype(float).to_numpy()})
+    rates = df.groupby("group")["success"].mean()  # a problem without a group (None) is left out
+    return {f"success/{g}": float(r) for g, r in rates.items()}
 
 
 def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:

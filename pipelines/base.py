@@ -91,6 +91,17 @@ class Pipeline(Protocol):
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         """System 1's prompt for one packed bin (dual-system pipelines only)."""
 
+    @staticmethod
+    def group_of(problem: Problem) -> str:
+        """Optional (`problem_group`): the group of a problem, e.g. DSBench's dataset; held-out success is also
+        reported per group. Static: reports call it on the class, with problems rebuilt from stored episodes."""
+
+
+def problem_group(pipeline, problem: Problem) -> str | None:
+    """The pipeline's `group_of(problem)`, or None for a pipeline that does not group its problems."""
+    group_of = getattr(pipeline, "group_of", None)
+    return group_of(problem) if group_of else None
+
 
 def no_blind_rubric(pipeline: str) -> str:
     """Why coach.ground_truth=false cannot run with coach.backend=rubric on `pipeline`."""

@@ -22,11 +22,12 @@ from infra.generation import encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric
-from pipelines.dsbench import data
+from pipelines.dsbench import data, synthetic
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 
 
 FENCE = "```python\n"
+Bundled = Literal["diabetes", "breast_cancer", "wine", "iris", "digits"]  # data.DATASETS
 
 
 class DSBenchConfig(BaseModel):
@@ -35,11 +36,23 @@ class DSBenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["dsbench"] = "dsbench"
-    datasets: list[Literal["diabetes", "breast_cancer", "wine", "iris", "digits"]] = Field(
+    datasets: list[Bundled] = Field(
         default_factory=lambda: ["diabetes", "breast_cancer", "wine", "iris"], min_length=1,
         description="scikit-learn datasets the tasks are drawn from, round-robin (each task: its own split)")
     train_size: int = Field(64, ge=1, description="training tasks (dataset x split seed)")
     eval_size: int = Field(16, ge=1, description="held-out tasks (split seeds disjoint from training)")
+    heldout: Literal["datasets", "splits"] = Field(
+        "datasets", description="where the held-out tasks come from: datasets: datasets training never sees "
+        "(heldout_datasets, then heldout_synthetic generated ones, round-robin), a test of generalisation; splits: "
+        "new splits of the training datasets, which measures those few datasets only (the held-out set before)")
+    heldout_datasets: list[Bundled] = Field(
+        default_factory=lambda cfg: [d for d in data.DATASETS if d not in cfg.get("datasets", [])],
+        description="with heldout=datasets: bundled datasets of the held-out tasks, none of them in `datasets` "
+        "(default: the bundled ones training does not use)")
+    heldout_synthetic: int = Field(
+        4, ge=0, description="with heldout=datasets: also this many synthetic datasets (make_classification and "
+        "make_regression by turns), their shapes and generator seeds drawn from the run seed "
+        "(pipelines/dsbench/synthetic.py)")
     max_new_tokens: dict[str, int] = Field(
         default_factory=lambda: {"data_engineer": 128, "modeler": 160, "analyst": 96},
         description="response token budget per agent")
@@ -65,6 +78,22 @@ class DSBenchConfig(BaseModel):
             raise ValueError(f"pipeline.stop={self.stop} needs scaffold fence or head: with scaffold none the reply "
                              "opens its own ```python block and would stop there; set pipeline.stop=[] too")
         return self
+
+    @model_validator(mode="after")
+    def _heldout_unseen(self):
+        if seen := [d for d in self.heldout_datasets if d in self.datasets]:
+            raise ValueError(f"pipeline.heldout_datasets {seen} are also in pipeline.datasets: a held-out dataset must "
+                             "be one training never sees; remove it from one of the two lists")
+        if self.heldout == "datasets" and not (self.heldout_datasets or self.heldout_synthetic):
+            raise ValueError("pipeline.heldout=datasets needs a held-out dataset: list some in "
+                             "pipeline.heldout_datasets, set pipeline.heldout_synthetic > 0, or use heldout=splits")
+        return self
+
+    def heldout_names(self) -> list[str]:
+        """The datasets of the held-out tasks, round-robin."""
+        if self.heldout == "splits":
+            return self.datasets
+        return self.heldout_datasets + synthetic.names(self.heldout_synthetic)
 
 
 ROLES = {
@@ -130,8 +159,15 @@ class DSBench:
         if split == "train":
             return data.make_problems(self.cfg.datasets, self.cfg.train_size, self.seed)
         if split == "eval":
-            return data.make_problems(self.cfg.datasets, self.cfg.eval_size, self.seed, start=self.cfg.train_size)
+            return data.make_problems(self.cfg.heldout_names(), self.cfg.eval_size, self.seed,
+                                      start=self.cfg.train_size)
         raise ValueError(f"unknown split {split!r}: train | eval")
+
+    @staticmethod
+    def group_of(problem: Problem) -> str:
+        """A problem's dataset, from its task id `<dataset>-<split seed>` (data.py): held-out success is also
+        reported per dataset."""
+        return problem.task_id.rsplit("-", 1)[0]
 
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]:

@@ -3,7 +3,8 @@ deterministically per problem into a workspace (train.csv with `target`, test.cs
 target), and the scorer of the team's submission.csv against the hidden test labels.
 
 Split seeds: problem index i (counted from `start`) gets split_seed = (seed * 1_000_003 + i) mod 2**31,
-which is injective in i, so a train set (start=0, n) and a held-out set (start=n, m) never share one."""
+which is injective in i, so a train set (start=0, n) and a held-out set (start=n, m) never share one.
+Synthetic datasets (`synthetic_<kind>_<k>`, pipelines/dsbench/synthetic.py) are generated from the run seed."""
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from sklearn import datasets as skd
 from sklearn.model_selection import train_test_split
 
 from pipelines.base import Problem
+from pipelines.dsbench import synthetic
 
 # dataset -> (loader, kind)
 DATASETS = {"diabetes": (lambda: skd.load_diabetes(scaled=False), "regression"),
@@ -37,6 +39,7 @@ class DSProblem(Problem):
     kind: str = ""              # "regression" | "classification"
     target: str = TARGET
     split_seed: int = 0
+    data_seed: int = 0          # a synthetic dataset's run seed (its table is generated from it); 0 for others
 
 
 @dataclass
@@ -52,31 +55,37 @@ def column_name(name: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def load(dataset: str) -> tuple[pd.DataFrame, pd.Series]:
-    """The cached (features, target) of a bundled dataset; callers must not mutate them."""
+def load(dataset: str, data_seed: int = 0) -> tuple[pd.DataFrame, pd.Series]:
+    """The cached (features, target) of a bundled dataset, or of a synthetic one generated for run seed
+    `data_seed`; callers must not mutate them."""
+    if synthetic.kind(dataset):
+        X, y = synthetic.table(dataset, data_seed)
+        return X, pd.Series(y, name=TARGET)
     if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)}")
+        raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)} and synthetic_<kind>_<k>")
     bunch = DATASETS[dataset][0]()
     X = pd.DataFrame(bunch.data, columns=[column_name(c) for c in bunch.feature_names])
     return X, pd.Series(bunch.target, name=TARGET)
 
 
 def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> list[DSProblem]:
-    """`n` problems round-robin over `datasets`, problem i (from `start`) with its own split seed."""
+    """`n` problems round-robin over `datasets` (bundled or synthetic), problem i (from `start`) with its own
+    split seed."""
     if not datasets:
         raise ValueError("make_problems: no datasets given")
     out = []
     for i in range(start, start + n):
         name = datasets[(i - start) % len(datasets)]
-        X, _ = load(name)
-        kind, split_seed = DATASETS[name][1], (seed * 1_000_003 + i) % 2**31
+        data_seed = seed if synthetic.kind(name) else 0  # a bundled table does not depend on the seed
+        X, _ = load(name, data_seed)
+        kind, split_seed = synthetic.kind(name) or DATASETS[name][1], (seed * 1_000_003 + i) % 2**31
         n_test = math.ceil(len(X) * TEST_FRACTION)  # as train_test_split rounds
         q = (f"Dataset `{name}` ({kind}). train.csv has {len(X) - n_test} rows, {X.shape[1]} feature "
              f"columns and the target column `{TARGET}`; test.csv has {n_test} rows with an `id` column "
              f"and the same features, no target. Predict `{TARGET}` for every test row and write "
              f"submission.csv with columns id,{TARGET}. Metric: {METRIC[kind]}.")
         out.append(DSProblem(task_id=f"{name}-{split_seed}", question=q, answer="", dataset=name,
-                             kind=kind, target=TARGET, split_seed=split_seed))
+                             kind=kind, target=TARGET, split_seed=split_seed, data_seed=data_seed))
     return out
 
 
@@ -84,7 +93,7 @@ def split(problem: DSProblem,
           test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """(train with target, test features with `id`, hidden test target indexed by id), stratified
     for classification, deterministic from the problem's split seed."""
-    X, y = load(problem.dataset)
+    X, y = load(problem.dataset, problem.data_seed)
     strat = y if problem.kind == "classification" else None
     X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=test_fraction, random_state=problem.split_seed,
                                               stratify=strat)
