@@ -132,42 +132,85 @@ def eval_cmd(
     model: Optional[list[str]] = typer.Option(None, "--model", help="an agent from the MLflow registry, e.g. "
                                               "models:/mathchat-smol-solver@best (repeat for more agents)"),
     tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)"),
+    problems: Optional[Path] = typer.Option(None, "--problems", help="your own problems, a JSONL file in the run's "
+                                            "pipeline's format (README: `Evaluate on your own problems`), played in "
+                                            "place of the held-out split in a new run folder `eval-...`"),
+    docs: Optional[Path] = typer.Option(None, "--docs", help="with --problems on deepresearch: JSONL of documents "
+                                        "{id, title?, text} searched in place of the run's corpus"),
 ):
     """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval; with --model, the
-    team with registered agents in place of the run's own (played in a new run folder `eval-...`)."""
-    from flows.evaluate import evaluate, registered_team
-    from infra import runs, store
+    team with registered agents in place of the run's own; with --problems, on your own problem file, with a
+    per-problem table (both played in a new run folder `eval-...`)."""
+    from flows.evaluate import evaluate, last_iteration, problems_team, registered_team
+    from infra import runs
     from infra.tracking import default_tracking_uri
+    from tasks import context
 
     if not run_id and not model:
         _fail("give a RUN_ID, or --model models:/<name>@<alias> (see `teamrl runs list`)")
     if model and iteration is not None:
         _fail("--iteration does not apply with --model: the registered agents play with the run's latest team")
+    if docs and not problems:
+        _fail("--docs goes with --problems: the documents your questions are asked over")
     try:
         if model:
-            run_dir = registered_team(runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id)
+            run_dir = registered_team(runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id,
+                                      problems, docs)
             iteration = 0
             console.print(f"team with {', '.join(model)}: {run_dir}")
         else:
             run_dir = runs.find_run(runs_dir, run_id)
+            iteration = last_iteration(run_dir) if iteration is None else iteration
+            if problems:
+                source, run_dir = run_dir, problems_team(runs_dir, run_dir, iteration, problems, docs)
+                console.print(f"{source.name}'s team at iteration {iteration}: {run_dir}")
+                iteration = 0
+        if user := runs.read_run_config(run_dir).get("problems"):  # a file changed since: refused here
+            context.problems(str(run_dir), "eval")
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    if iteration is None:
-        up = store.read_table(run_dir, "updates") if (run_dir / "updates").is_dir() else None
-        iteration = int(up["iteration"].max()) if up is not None and len(up) else 0
+    finish = (f"`teamrl eval {run_dir.name} --dir {runs_dir}` finishes the rest" if model or problems
+              else "the same command finishes the rest")
     with runs.run_lock(run_dir):
         try:
             with _flow_session():
                 m = evaluate(str(run_dir), iteration)
         except KeyboardInterrupt:
-            _fail("interrupted. Finished evaluation partitions are kept: the same command finishes the rest", code=130)
+            _fail(f"interrupted. Finished evaluation partitions are kept: {finish}", code=130)
         except FileNotFoundError as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
             _fail(str(e))
-    t = Table(title=f"{run_dir.name}: held-out evaluation at iteration {iteration}")
+    what = f"your problems ({Path(user['file']).name})" if user else f"held-out evaluation at iteration {iteration}"
+    t = Table(title=f"{run_dir.name}: {what}")
     t.add_column("metric"), t.add_column("value", justify="right")
     for k, v in m.items():
         t.add_row(k, f"{v:.3f}")
     console.print(t)
+    if user:
+        _problems_report(run_dir, iteration, m, runs_dir)
+
+
+def _problems_report(run_dir: Path, iteration: int, m: dict[str, float], runs_dir: str) -> None:
+    """After `eval --problems`: success with its interval, one row per problem, and the run exported as CSV."""
+    from rich.markup import escape
+
+    from flows.inspection import export
+    from flows.report import problem_table
+
+    df = problem_table(run_dir, iteration)
+    t = Table(title=f"{run_dir.name}: per problem (greedy)")
+    for c in df.columns:
+        t.add_column(c, overflow="fold")
+    for row in df.itertuples(index=False):
+        t.add_row(*(escape(str(v)) for v in row))  # a question may hold [brackets]: text, not markup
+    console.print(t)
+    if "success_rate" in m:
+        console.print(f"success (greedy, 95% bootstrap CI): [bold]{m['success_rate']:.3f}[/] "
+                      f"[{m['success_ci_low']:.3f}, {m['success_ci_high']:.3f}] on "
+                      f"{int((df['success'] != 'infra error').sum())} problems", highlight=False)
+    path, _ = export(run_dir, "csv", overwrite=True)  # derived from the finished partitions: the same each time
+    dir_opt = "" if runs_dir == "runs" else f" --dir {runs_dir}"
+    console.print(f"every action: {path} (JSONL: teamrl runs export {run_dir.name}{dir_opt})", markup=False,
+                  highlight=False, soft_wrap=True)
 
 
 def _align_help(field: str) -> str:

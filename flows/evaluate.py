@@ -1,18 +1,19 @@
 """The evaluate flow: the team at a given policy iteration plays the held-out split greedily; or a team
-with agents loaded back from the MLflow model registry (`teamrl eval --model models:/<name>@best`)."""
+with agents loaded back from the MLflow model registry (`teamrl eval --model models:/<name>@best`); or a
+run's team on a user's own problem file (`teamrl eval RUN --problems FILE`)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from prefect import flow
 
 from flows.report import partition_metrics
 from infra import runs, store
-from infra.policy import OPTIMIZER, latest_version
+from infra.policy import OPTIMIZER, latest_version, saved_checkpoint
 from infra.registry import resolve
 from tasks import context
 from tasks.coach_evaluate import coach_evaluate
@@ -36,10 +37,66 @@ def evaluate(run_dir: str, iteration: int) -> dict[str, float]:
     return evaluate_partition(run_dir, iteration)
 
 
-def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id: str | None = None) -> Path:
-    """A new run folder `eval-<run>-<time>` for the team of run `run_id` (default: the run that registered the
-    first model) with the given registered agents' checkpoints in place of the run's latest ones, all as
-    version 0, so `evaluate(<folder>, 0)` plays it. The source run is not modified."""
+def last_iteration(run_dir: str | Path) -> int:
+    """The run's latest policy iteration (0: no update yet)."""
+    up = store.read_table(run_dir, "updates") if (Path(run_dir) / "updates").is_dir() else None
+    return int(up["iteration"].max()) if up is not None and len(up) else 0
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where it can (a checkpoint file is never rewritten in place: a save replaces its whole
+    folder), so an evaluation folder costs no space; else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def _new_team(runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Path | None], extra: dict) -> Path:
+    """A new run folder `eval-<source>-<time>-<hex>` with the source run's config (its identity replaced)
+    and `extra`, and each agent's checkpoint as its version 0 (None: the initial weights), weights only:
+    `evaluate(<folder>, 0)` plays that team."""
+    new_id = runs.new_run_id(f"eval-{source.name}")[-100:].lstrip("-._")
+    for agent, src in checkpoints.items():
+        if src is not None:  # the team only plays: no update reads optimizer state here
+            shutil.copytree(src, Path(runs_dir) / new_id / "checkpoints" / agent / "v0000",
+                            ignore=shutil.ignore_patterns(OPTIMIZER), copy_function=_link_or_copy)
+    keep = {k: v for k, v in cfg.items() if k not in ("run_id", "nonce", "flow_run_id")}
+    # config.yaml last: a folder a crash left half-copied is no run, so it never plays with missing agents
+    return runs.create_run(runs_dir, new_id, keep | {"run": keep["run"] | {"id": new_id}} | extra)
+
+
+def _problems_config(source: Path, cfg: dict, problems: str | Path, docs: str | Path | None) -> dict:
+    """What a folder playing a user's problem file adds to its source run's config: the file, validated by
+    the source's pipeline first (so a bad file stops everything before a model loads), and all its problems
+    played (no `eval_questions` cut)."""
+    context.pipeline(str(source)).load_problems(str(problems), str(docs) if docs else None)
+    return {"problems": context.user_problems(problems, docs), "rollout": cfg["rollout"] | {"eval_questions": None}}
+
+
+def problems_team(runs_dir: str, source: Path, iteration: int, problems: str | Path,
+                  docs: str | Path | None = None) -> Path:
+    """A new run folder `eval-<run>-<time>-<hex>` in which the team of run `source` at policy `iteration`
+    (as version 0) plays a user's problem file as its held-out split: `evaluate(<folder>, 0)`. Its config
+    records the file (section `problems`, with its SHA-256) and the source (section `source`). Each call
+    makes a new folder; the source run is not modified."""
+    if not 0 <= iteration <= (last := last_iteration(source)):
+        raise ValueError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
+    cfg = runs.read_run_config(source)
+    extra = _problems_config(source, cfg, problems, docs)
+    agents = [a.name for a in context.pipeline(str(source)).agents]
+    versions = store.agent_versions(source, agents, iteration)
+    checkpoints = {a: saved_checkpoint(source, a, v) for a, v in versions.items()}
+    return _new_team(runs_dir, source, cfg, checkpoints, extra | {"source": {
+        "run": str(source), "iteration": iteration, "versions": versions}})
+
+
+def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id: str | None = None,
+                    problems: str | Path | None = None, docs: str | Path | None = None) -> Path:
+    """A new run folder `eval-<run>-<time>-<hex>` for the team of run `run_id` (default: the run that
+    registered the first model) with the given registered agents' checkpoints in place of the run's latest
+    ones, all as version 0, so `evaluate(<folder>, 0)` plays it: on the run's held-out split, or on a user's
+    `problems` file (see `problems_team`). The source run is not modified."""
     with tempfile.TemporaryDirectory() as tmp:
         got = {}
         for i, uri in enumerate(models):
@@ -63,17 +120,11 @@ def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id:
             if have != want:
                 raise ValueError(f"{uri} was trained on model {have[0]} ({have[1]} weights); run {source.name} uses "
                                  f"{want[0]} ({want[1]}): pass a run with the same base model")
-        new_id = f"eval-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"[-100:].lstrip("-._")
-        keep = {k: v for k, v in cfg.items() if k not in ("run_id", "nonce", "flow_run_id")}
-        dst = runs.create_run(runs_dir, new_id, keep | {"run": keep["run"] | {"id": new_id}})
+        extra = _problems_config(source, cfg, problems, docs) if problems else {}
+        checkpoints = {a: got[a][0] if a in got else saved_checkpoint(source, a, latest_version(source, a))
+                       for a in agents}
+        dst = _new_team(runs_dir, source, cfg, checkpoints, extra)
         (dst / "registered.json").write_text(json.dumps(
             {"source_run": str(source), **{a: {"uri": u, "name": mv.name, "version": mv.version}
                                             for a, (_, mv, u) in got.items()}}, indent=1))
-        weights = shutil.ignore_patterns(OPTIMIZER)  # the team only plays: no update reads optimizer state here
-        for agent in agents:
-            target = dst / "checkpoints" / agent / "v0000"
-            if agent in got:
-                shutil.copytree(got[agent][0], target, ignore=weights)
-            elif (v := latest_version(source, agent)) or (source / "checkpoints" / agent / "v0000").is_dir():
-                shutil.copytree(source / "checkpoints" / agent / f"v{v:04d}", target, ignore=weights)
     return dst

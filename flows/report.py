@@ -24,7 +24,7 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
     infrastructure fault hit; on an evaluation partition also per group of problems (`group_success`)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     m: dict[str, float] = {}
-    flag = eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
+    flag = _greedy(eps)
     evaluation = is_eval(phase)
     sampled = eps[flag == 0.0] if evaluation else eps.iloc[0:0]
     main = eps[flag == 1.0] if evaluation else eps
@@ -66,6 +66,29 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
             for name in dict.fromkeys([*names, *counts.index]):
                 m[f"{prefix}/{name}"] = float(counts.get(name, 0))
     return m
+
+
+def _greedy(eps: pd.DataFrame) -> pd.Series:
+    """Each episode's `greedy` flag (1.0: a greedy evaluation episode; 0.0: sampled)."""
+    return eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def problem_table(run_dir: str | Path, iteration: int, phase: str = "eval", width: int = 60) -> pd.DataFrame:
+    """One row per problem of an evaluation partition (its greedy episodes, in problem order): the episode,
+    the question and the team's final answer (cut to `width` characters), the expected answer, and success
+    (yes / no, or `infra error` for an episode an infrastructure fault hit, which the success rate leaves out)."""
+    eps = store.read_table(run_dir, "episodes", iteration, phase)
+    eps = eps[_greedy(eps) == 1.0].sort_values("episode_id")
+    success = [("infra error" if isinstance(f, str) else "yes" if s else "no")
+               for s, f in zip(eps["success"], eps["infra_error"])]
+    return pd.DataFrame({"episode": eps["episode_id"], "question": eps["question"].map(lambda q: _cut(q, width)),
+                         "final answer": eps["final_answer"].map(lambda a: _cut(a, width)),
+                         "expected": eps["answer"].map(lambda a: _cut(a, width)), "success": success})
 
 
 def group_success(eps: pd.DataFrame) -> dict[str, float]:

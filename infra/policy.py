@@ -188,12 +188,8 @@ class TeamPolicy:
             return
         from safetensors.torch import load_file, load_model
 
-        d = checkpoint_dir(run_dir, agent, version)
-        if not d.is_dir():
-            if version != 0:
-                on_disk = ", ".join(map(str, checkpoint_versions(run_dir, agent))) or "none"
-                raise FileNotFoundError(f"no checkpoint {d}: version {version} of {agent} was never written or was "
-                                        f"pruned (checkpoint.keep_every); versions on disk: {on_disk}")
+        d = saved_checkpoint(run_dir, agent, version)
+        if d is None:
             with torch.no_grad(), self.materialized(agent, modify=True):
                 for p, init in zip(self._params[agent], self._initial[agent]):
                     p.copy_(init)
@@ -213,6 +209,19 @@ class TeamPolicy:
 def checkpoint_dir(run_dir: str | Path, agent: str, version: int) -> Path:
     """checkpoints/<agent>/vNNNN/ of a run: the agent's weights at `version` (peft adapter or full model)."""
     return Path(run_dir) / "checkpoints" / agent / f"v{version:04d}"
+
+
+def saved_checkpoint(run_dir: str | Path, agent: str, version: int) -> Path | None:
+    """The checkpoint folder of agent's `version`; None for version 0 never saved (the initial weights). A
+    version that was never written or was pruned raises FileNotFoundError."""
+    d = checkpoint_dir(run_dir, agent, version)
+    if d.is_dir():
+        return d
+    if version != 0:
+        on_disk = ", ".join(map(str, checkpoint_versions(run_dir, agent))) or "none"
+        raise FileNotFoundError(f"no checkpoint {d}: version {version} of {agent} was never written or was "
+                                f"pruned (checkpoint.keep_every); versions on disk: {on_disk}")
+    return None
 
 
 def _key(run_dir: str | Path) -> str:

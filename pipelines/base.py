@@ -76,6 +76,11 @@ class Pipeline(Protocol):
 
     def problems(self, split: str) -> list[Problem]: ...
 
+    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+        """A user's problem file (`teamrl eval --problems`; `docs`: its documents file, where the pipeline's
+        questions are asked over documents), validated before any model loads: a ValueError names the file
+        and line of the first bad record."""
+
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]: ...
 
@@ -86,7 +91,6 @@ class Pipeline(Protocol):
     def feedback(self, episode: Episode, ground_truth: bool) -> list[str]:
         """Environment feedback per action for the `llm` coach; without `ground_truth` no text of it may
         contain the answer or anything derived from it (a score against hidden labels, gold documents)."""
-
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         """System 1's prompt for one packed bin (dual-system pipelines only)."""

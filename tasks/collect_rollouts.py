@@ -42,7 +42,7 @@ def check_infra_share(episodes: list, limit: float, where: str) -> None:
 
 
 def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
-    probs = context.pipeline(run_dir).problems(split)
+    probs = context.problems(run_dir, split)
     if split == "eval":
         return probs[:n] if n else probs
     r = random.Random(context.stage_seed(context.value(run_dir, "seed"), "questions", iteration, phase.split("-")[0]))

@@ -51,6 +51,27 @@ def pipeline(run_dir: str):
     return build_pipeline(pipeline_config(value(run_dir, "pipeline")), value(run_dir, "seed"))
 
 
+def user_problems(file: str | Path, docs: str | Path | None) -> dict:
+    """The config section `problems` of a `teamrl eval --problems` folder: the user's files (absolute)
+    and their SHA-256, so that the folder's held-out split is known to be the file it was made from."""
+    files = {"file": Path(file).resolve(), "docs": Path(docs).resolve() if docs else None}
+    return {k: str(p) if p else None for k, p in files.items()} | {
+        "sha256": {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in files.items() if p}}
+
+
+def problems(run_dir: str, split: str) -> list:
+    """The pipeline's problems of `split`; in a `teamrl eval --problems` folder the held-out split is the
+    user's file, refused if it changed since the folder was made."""
+    user = _raw(str(run_dir)).get("problems")
+    if split != "eval" or not user:
+        return pipeline(str(run_dir)).problems(split)
+    if (now := user_problems(user["file"], user["docs"])) != user:
+        changed = [user[k] for k in user["sha256"] if now["sha256"][k] != user["sha256"][k]]
+        raise ValueError(f"{', '.join(changed)} changed since {run_dir} was made from it: evaluate it again with "
+                         "`teamrl eval RUN --problems FILE`, which makes a new folder")
+    return pipeline(str(run_dir)).load_problems(user["file"], user["docs"])
+
+
 _POLICIES: dict[tuple, object] = {}
 
 

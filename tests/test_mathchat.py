@@ -85,7 +85,7 @@ def test_load_jsonl_bad_line_is_named(tmp_path, bad_line):
 
 def test_load_jsonl_empty_file(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match="no problems"):
+    with pytest.raises(ValueError, match="empty file"):
         gen.load_jsonl(tmp_path / "e.jsonl")
 
 

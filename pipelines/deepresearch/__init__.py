@@ -11,7 +11,7 @@ turns form one trajectory with the observations in between (masked out of its lo
 from __future__ import annotations
 
 import re
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -91,6 +91,12 @@ def parse_turn(text: str) -> tuple[str, str, str]:
     return m.group(1).lower(), arg.strip().strip("`"), "".join(purpose).strip()
 
 
+@lru_cache(maxsize=4)
+def _docs_index(path: str) -> SearchIndex:
+    """The search index over a user's documents file, built once per process."""
+    return SearchIndex(corpus.load_docs(path))
+
+
 class DeepResearch:
     name = "deepresearch"
     answer_blind_rubric = False
@@ -131,16 +137,27 @@ class DeepResearch:
             raise ValueError(f"unknown split {split!r}: train | eval")
         return self._data[1] if split == "train" else self._data[2]
 
+    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+        """A user's questions {"question", "answer"} (pipelines/deepresearch/corpus.py `load_questions`), over
+        the documents file `docs` ({"id", "title"?, "text"} a line) or else the run's corpus."""
+        return corpus.load_questions(path, docs)
+
+    def _search_index(self, problem: corpus.ResearchProblem) -> SearchIndex:
+        """The corpus a question is asked over: the run's, or the user's documents file it names."""
+        return _docs_index(problem.docs) if problem.docs else self.index
+
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         return [{"role": "system", "content": SYSTEM1},
                 {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
 
-    def _tool(self, kind: str, arg: str, purpose: str) -> ToolCall:
+    def _tool(self, kind: str, arg: str, purpose: str, index: SearchIndex | None = None) -> ToolCall:
+        """Run one tool call; a search goes to `index` (default: the run's corpus)."""
+        index = index or self.index
         if kind == "python":
             r = run_python(arg, self.cfg.sandbox)
             return ToolCall(purpose, [r.feedback()], sandbox_fault(r))
         try:
-            hits = with_retries(lambda: self.index.search(arg, self.cfg.top_k), "tool", "search")
+            hits = with_retries(lambda: index.search(arg, self.cfg.top_k), "tool", "search")
         except InfraFault as fault:
             return ToolCall(purpose, [f"{INFRA_PREFIX} the search backend failed"], infra_record(fault.kind, fault.message))
         return ToolCall(purpose, [f"# {d.title}\n{d.text}" for d in hits] or ["(no results)"])
@@ -161,7 +178,8 @@ class DeepResearch:
             gens = act("system2", [ctx[i] for i in active])
             lead = tok.decode(self._lead(tok, t))
             turns = {i: (g, *parse_turn(lead + g.text)) for i, g in zip(active, gens)}
-            calls = {i: self._tool(kind, arg, purpose or arg) for i, (g, kind, arg, purpose) in turns.items()
+            calls = {i: self._tool(kind, arg, purpose or arg, self._search_index(eps[i].problem))
+                     for i, (g, kind, arg, purpose) in turns.items()
                      if kind in ("search", "python") and arg and not last}
             extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
             still = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.base import Problem
+from pipelines.records import check_fields, records
 
 SYLLABLES = ("vel tor mar dra ven il sa quar no bek ost ra lin dus ka ther om phi zan gor el wyn "
              "tas ru bri sel mok tha cor ny ves pa lu dor fen").split()
@@ -66,6 +67,7 @@ class Document:
 class ResearchProblem(Problem):
     hops: int = 1                     # documents to chain from the question to the answer
     support: tuple[str, ...] = ()     # their doc ids, in chain order
+    docs: str = ""                    # the documents file it is asked over (`eval --docs`); "": the run's corpus
 
 
 @dataclass
@@ -191,24 +193,6 @@ def _task_id(question: str) -> str:
     return hashlib.sha1(question.encode()).hexdigest()[:12]
 
 
-def _records(path: Path) -> list[tuple[str, dict]]:
-    """("file:line", object) for each non-blank line of a JSONL file."""
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: invalid JSON: {e}") from e
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}:{i}: expected a JSON object, got {type(d).__name__}")
-        out.append((f"{path}:{i}", d))
-    if not out:
-        raise ValueError(f"{path}: empty file")
-    return out
-
-
 def _require(where: str, d: dict, keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in d]
     if missing:
@@ -218,18 +202,24 @@ def _require(where: str, d: dict, keys: tuple[str, ...]) -> None:
         raise ValueError(f"{where}: empty {', '.join(empty)}")
 
 
-def load_jsonl(docs_path: str | Path,
-               questions_path: str | Path) -> tuple[list[Document], list[ResearchProblem]]:
-    """A user corpus: documents {"id", "title"?, "text"} and questions {"question", "answer", "hops"?,
-    "support"?: [doc ids]}, one JSON object a line; errors name the file and line."""
+def load_docs(path: str | Path) -> list[Document]:
+    """Documents {"id", "title"?, "text"}, one JSON object a line; errors name the file and line."""
     docs: dict[str, Document] = {}
-    for where, d in _records(Path(docs_path)):
+    for where, d in records(path):
         _require(where, d, ("id", "text"))
         if (doc_id := str(d["id"])) in docs:
             raise ValueError(f"{where}: duplicate document id {doc_id!r}")
         docs[doc_id] = Document(doc_id, str(d.get("title", "")), str(d["text"]))
+    return list(docs.values())
+
+
+def load_jsonl(docs_path: str | Path,
+               questions_path: str | Path) -> tuple[list[Document], list[ResearchProblem]]:
+    """A user corpus: documents (`load_docs`) and questions {"question", "answer", "hops"?,
+    "support"?: [doc ids]}, one JSON object a line; errors name the file and line."""
+    docs = {d.doc_id: d for d in load_docs(docs_path)}
     problems: dict[str, ResearchProblem] = {}
-    for where, d in _records(Path(questions_path)):
+    for where, d in records(questions_path):
         _require(where, d, ("question", "answer"))
         support = d.get("support", [])
         if not isinstance(support, list):
@@ -245,6 +235,20 @@ def load_jsonl(docs_path: str | Path,
         problems[q] = ResearchProblem(task_id=_task_id(q), question=q, answer=str(d["answer"]).strip(),
                                       hops=hops, support=tuple(str(s) for s in support))
     return list(docs.values()), list(problems.values())
+
+
+def load_questions(path: str | Path, docs_path: str | Path | None = None) -> list[ResearchProblem]:
+    """Questions to evaluate a team on, {"question": str, "answer": str or integer}, one JSON object a line,
+    asked over the documents of `docs_path` (see `load_docs`; checked here) or else the run's corpus."""
+    docs = str(Path(docs_path).resolve()) if docs_path else ""
+    if docs:
+        load_docs(docs)
+    out = []
+    for where, d in records(path):
+        check_fields(where, d, {"question": (str,), "answer": (str, int)})
+        q = d["question"].strip()
+        out.append(ResearchProblem(task_id=_task_id(q), question=q, answer=str(d["answer"]).strip(), docs=docs))
+    return out
 
 
 def write_jsonl(docs: list[Document], problems: list[ResearchProblem],

@@ -24,6 +24,7 @@ from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric
 from pipelines.dsbench import data, synthetic
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
+from pipelines.records import no_docs
 
 
 FENCE = "```python\n"
@@ -168,6 +169,12 @@ class DSBench:
         """A problem's dataset, from its task id `<dataset>-<split seed>` (data.py): held-out success is also
         reported per dataset."""
         return problem.task_id.rsplit("-", 1)[0]
+
+    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+        """A user's tasks: a CSV file, its target column and a metric each (pipelines/dsbench/data.py
+        `load_tasks`)."""
+        no_docs(self.name, docs)
+        return data.load_tasks(path, self.seed)
 
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]:

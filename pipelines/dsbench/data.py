@@ -1,6 +1,7 @@
-"""DSBench data layer: tabular tasks from scikit-learn's bundled datasets (no downloads), split
-deterministically per problem into a workspace (train.csv with `target`, test.csv with `id` and no
-target), and the scorer of the team's submission.csv against the hidden test labels.
+"""DSBench data layer: tabular tasks from scikit-learn's bundled datasets (no downloads) or a user's
+CSV files (`load_tasks`), split deterministically per problem into a workspace (train.csv with `target`,
+test.csv with `id` and no target), and the scorer of the team's submission.csv against the hidden test
+labels.
 
 Split seeds: problem index i (counted from `start`) gets split_seed = (seed * 1_000_003 + i) mod 2**31,
 which is injective in i, so a train set (start=0, n) and a held-out set (start=n, m) never share one.
@@ -20,6 +21,7 @@ from sklearn.model_selection import train_test_split
 
 from pipelines.base import Problem
 from pipelines.dsbench import synthetic
+from pipelines.records import check_fields, records
 
 # dataset -> (loader, kind)
 DATASETS = {"diabetes": (lambda: skd.load_diabetes(scaled=False), "regression"),
@@ -31,6 +33,10 @@ TARGET = "target"
 TEST_FRACTION = 0.25        # share of rows held out as test.csv
 METRIC = {"regression": "RMSE (success: lower than predicting the train mean)",
           "classification": "macro F1 and accuracy (success: accuracy above the majority-class baseline)"}
+# a task file's metric -> (task kind, its name for people, what a success beats without a threshold)
+METRICS = {"rmse": ("regression", "RMSE", "predicting the train mean"),
+           "accuracy": ("classification", "accuracy", "the majority-class baseline"),
+           "f1": ("classification", "macro F1", "the majority-class baseline")}
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,10 @@ class DSProblem(Problem):
     target: str = TARGET
     split_seed: int = 0
     data_seed: int = 0          # a synthetic dataset's run seed (its table is generated from it); 0 for others
+    csv: str = ""               # a user's task (`load_tasks`): its CSV file; "": the bundled `dataset`
+    label: str = ""             # the CSV's column to predict (`target` in the workspace)
+    metric: str = ""            # a METRICS key; "": the kind's default (rmse, or accuracy)
+    threshold: float | None = None  # success: the metric at most (rmse) / at least this; None: beat the baseline
 
 
 @dataclass
@@ -68,6 +78,41 @@ def load(dataset: str, data_seed: int = 0) -> tuple[pd.DataFrame, pd.Series]:
     return X, pd.Series(bunch.target, name=TARGET)
 
 
+@lru_cache(maxsize=16)
+def load_csv(path: str, label: str) -> tuple[pd.DataFrame, pd.Series]:
+    """The cached (features, target) of a user's CSV file, feature names as `column_name` makes them;
+    callers must not mutate them."""
+    try:
+        df = pd.read_csv(path)
+    except Exception as e:  # whatever pandas cannot parse
+        raise ValueError(f"{path}: not a readable CSV file ({type(e).__name__}: {str(e)[:200]})") from None
+    if label not in df.columns:
+        raise ValueError(f"{path} has no column {label!r}; its columns: {', '.join(map(str, df.columns[:20]))}")
+    X = df.drop(columns=[label])
+    X.columns = names = [column_name(c) for c in X.columns]
+    if clash := sorted({n for n in names if names.count(n) > 1 or n in ("", "id", TARGET)}):
+        raise ValueError(f"{path}: feature column name(s) {clash} clash in the workspace (where `id` and `target` "
+                         "are taken and names are lowercased, non-alphanumerics as _): rename or drop them")
+    return X, df[label].rename(TARGET)
+
+
+def frame(problem: DSProblem) -> tuple[pd.DataFrame, pd.Series]:
+    """The problem's (features, target): its bundled or synthetic dataset, or its CSV file."""
+    return load_csv(problem.csv, problem.label) if problem.csv else load(problem.dataset, problem.data_seed)
+
+
+def _seed(seed: int, i: int) -> int:
+    return (seed * 1_000_003 + i) % 2**31
+
+
+def _question(name: str, kind: str, X: pd.DataFrame, metric: str) -> str:
+    n_test = math.ceil(len(X) * TEST_FRACTION)  # as train_test_split rounds
+    return (f"Dataset `{name}` ({kind}). train.csv has {len(X) - n_test} rows, {X.shape[1]} feature "
+            f"columns and the target column `{TARGET}`; test.csv has {n_test} rows with an `id` column "
+            f"and the same features, no target. Predict `{TARGET}` for every test row and write "
+            f"submission.csv with columns id,{TARGET}. Metric: {metric}.")
+
+
 def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> list[DSProblem]:
     """`n` problems round-robin over `datasets` (bundled or synthetic), problem i (from `start`) with its own
     split seed."""
@@ -78,14 +123,64 @@ def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> lis
         name = datasets[(i - start) % len(datasets)]
         data_seed = seed if synthetic.kind(name) else 0  # a bundled table does not depend on the seed
         X, _ = load(name, data_seed)
-        kind, split_seed = synthetic.kind(name) or DATASETS[name][1], (seed * 1_000_003 + i) % 2**31
-        n_test = math.ceil(len(X) * TEST_FRACTION)  # as train_test_split rounds
-        q = (f"Dataset `{name}` ({kind}). train.csv has {len(X) - n_test} rows, {X.shape[1]} feature "
-             f"columns and the target column `{TARGET}`; test.csv has {n_test} rows with an `id` column "
-             f"and the same features, no target. Predict `{TARGET}` for every test row and write "
-             f"submission.csv with columns id,{TARGET}. Metric: {METRIC[kind]}.")
-        out.append(DSProblem(task_id=f"{name}-{split_seed}", question=q, answer="", dataset=name,
-                             kind=kind, target=TARGET, split_seed=split_seed, data_seed=data_seed))
+        kind, split_seed = synthetic.kind(name) or DATASETS[name][1], _seed(seed, i)
+        out.append(DSProblem(task_id=f"{name}-{split_seed}", question=_question(name, kind, X, METRIC[kind]),
+                             answer="", dataset=name, kind=kind, target=TARGET, split_seed=split_seed,
+                             data_seed=data_seed))
+    return out
+
+
+def criterion(metric: str, threshold: float | None) -> str:
+    """What a success is under a task file's metric, for people: `RMSE at most 3.5`."""
+    _, name, baseline = METRICS[metric]
+    if threshold is None:
+        return f"{name} {'below' if metric == 'rmse' else 'above'} {baseline}"
+    return f"{name} at {'most' if metric == 'rmse' else 'least'} {threshold:g}"
+
+
+def _check_target(y: pd.Series, metric: str) -> None:
+    kind = METRICS[metric][0]
+    if y.isna().any():
+        raise ValueError(f"the target column has {int(y.isna().sum())} empty cell(s)")
+    whole = pd.api.types.is_numeric_dtype(y) and bool((y % 1 == 0).all())
+    if kind == "regression" and not pd.api.types.is_numeric_dtype(y):
+        raise ValueError(f"metric {metric} needs a numeric target column, got values like {_examples(y.unique())}")
+    if kind == "classification" and not whole:
+        raise ValueError(f"metric {metric} needs integer class labels in the target column, got values like "
+                         f"{_examples(y.unique())}")
+    if kind == "classification" and y.nunique() < 2:
+        raise ValueError(f"metric {metric} needs at least two classes in the target column")
+
+
+def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
+    """A user's tasks, one JSON object a line: {"csv": a file, relative to the task file or absolute,
+    "target": its column to predict, "metric": rmse | accuracy | f1, "threshold"?: a number (success:
+    the metric at most (rmse) or at least this; default: better than the trivial predictor), "name"?: for
+    people (default: the CSV's name)}. Each CSV is split like a bundled dataset (its split seed from `seed`
+    and the line). Errors name the file and line."""
+    out = []
+    for i, (where, d) in enumerate(records(path)):
+        check_fields(where, d, {"csv": (str,), "target": (str,), "metric": (str,)},
+                     {"threshold": (int, float), "name": (str,)})
+        if d["metric"] not in METRICS:
+            raise ValueError(f"{where}: unknown metric {d['metric']!r}; supported: {', '.join(METRICS)}")
+        csv = (Path(path).parent / d["csv"]).resolve()  # an absolute path stays itself
+        if not csv.is_file():
+            raise ValueError(f"{where}: no such CSV file {csv}")
+        metric, threshold, name = d["metric"], d.get("threshold"), d.get("name", csv.stem)
+        kind, split_seed = METRICS[metric][0], _seed(seed, i)
+        try:
+            X, y = load_csv(str(csv), d["target"])
+            _check_target(y, metric)
+            p = DSProblem(task_id=f"{name}-{split_seed}", answer=criterion(metric, threshold), dataset=name,
+                          question=_question(name, kind, X, f"{METRICS[metric][1]} (success: "
+                                             f"{criterion(metric, threshold)})"),
+                          kind=kind, split_seed=split_seed, csv=str(csv), label=d["target"], metric=metric,
+                          threshold=None if threshold is None else float(threshold))
+            split(p)  # it must split (a stratified split needs two rows of every class)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        out.append(p)
     return out
 
 
@@ -93,7 +188,7 @@ def split(problem: DSProblem,
           test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """(train with target, test features with `id`, hidden test target indexed by id), stratified
     for classification, deterministic from the problem's split seed."""
-    X, y = load(problem.dataset, problem.data_seed)
+    X, y = frame(problem)
     strat = y if problem.kind == "classification" else None
     X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=test_fraction, random_state=problem.split_seed,
                                               stratify=strat)
@@ -183,8 +278,9 @@ def score_submission(problem: DSProblem, workdir: Path) -> Score:
         err, base = rmse(truth, num), rmse(truth, np.full(len(truth), train[problem.target].mean()))
         # fair_rmse = rmse(prediction) / rmse(predicting the train mean for every test row)
         fair = err / base if base > 0 else (0.0 if err == 0 else math.inf)
+        m = {"rmse": err, "fair_rmse": fair}
         return Score(True, f"rmse {err:.4g}, fair_rmse {fair:.3f} (< 1 beats predicting the train mean)",
-                     {"rmse": err, "fair_rmse": fair, "success": float(fair < 1)})
+                     m | {"success": succeeds(problem, m)})
     classes = set(train[problem.target].unique().tolist())
     bad = pred[~num.isin(classes)]
     if len(bad):
@@ -193,9 +289,20 @@ def score_submission(problem: DSProblem, workdir: Path) -> Score:
     labels = num.astype(np.int64)
     acc, f1 = accuracy(truth, labels), macro_f1(truth, labels)
     # baseline: predict the train majority class for every test row
-    base = accuracy(truth, np.full(len(truth), train[problem.target].mode().iloc[0]))
+    majority = np.full(len(truth), train[problem.target].mode().iloc[0])
+    base = accuracy(truth, majority)
+    m = {"f1": f1, "accuracy": acc, "baseline_accuracy": base, "baseline_f1": macro_f1(truth, majority)}
     return Score(True, f"accuracy {acc:.3f} (majority baseline {base:.3f}), macro F1 {f1:.3f}",
-                 {"f1": f1, "accuracy": acc, "baseline_accuracy": base, "success": float(acc > base)})
+                 m | {"success": succeeds(problem, m)})
+
+
+def succeeds(problem: DSProblem, m: dict[str, float]) -> float:
+    """1.0 when the task's metric meets its threshold, or without one (every bundled task) beats the trivial
+    predictor: fair_rmse < 1, accuracy or macro F1 above the majority class's; else 0.0."""
+    metric = problem.metric or ("rmse" if problem.kind == "regression" else "accuracy")
+    if problem.threshold is not None:
+        return float(m[metric] <= problem.threshold if metric == "rmse" else m[metric] >= problem.threshold)
+    return float(m["fair_rmse"] < 1 if metric == "rmse" else m[metric] > m[f"baseline_{metric}"])
 
 
 def outcome(problem: DSProblem, s: Score) -> float:

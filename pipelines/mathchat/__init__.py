@@ -10,6 +10,7 @@ from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
 from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
+from pipelines.records import no_docs
 
 
 class MathChatConfig(BaseModel):
@@ -64,6 +65,11 @@ class MathChat:
             return gen.generate(self.cfg.families, self.cfg.eval_size, seed=self.seed + 7919,
                                 exclude={p.question for p in train})
         raise ValueError(f"unknown split {split!r}: train | eval")
+
+    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+        """A user's problems {"question", "answer": integer} (pipelines/mathchat/problems.py `load_jsonl`)."""
+        no_docs(self.name, docs)
+        return gen.load_jsonl(path)
 
     def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
                      act: Act) -> list[Episode]:

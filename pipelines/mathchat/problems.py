@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 from pipelines.base import Problem
+from pipelines.records import check_fields, records
 
 NAMES = ["Ada", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun"]
 ITEMS = ["apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells"]
@@ -84,18 +85,15 @@ def generate(families: list[str], n: int, seed: int, exclude: set[str] = frozens
 
 
 def load_jsonl(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file of {"question": ..., "answer": ...}; errors name the line."""
+    """Problems from a JSONL file of {"question": str, "answer": integer (or its digits as a string, commas
+    allowed)}; errors name the file and line."""
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            q, a = str(d["question"]), str(d["answer"]).strip()
-            int(a.replace(",", ""))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{i}: expected {{\"question\": str, \"answer\": integer}}: {e}") from e
-        out.append(Problem(task_id=hashlib.sha1(q.encode()).hexdigest()[:12], question=q, answer=a.replace(",", "")))
-    if not out:
-        raise ValueError(f"{path}: no problems")
+    for where, d in records(path):
+        check_fields(where, d, {"question": (str,), "answer": (str, int)})
+        try:  # one spelling per number ("+7", "1,000" -> "7", "1000"): the verifier's answer is compared as text
+            a = str(int(str(d["answer"]).strip().replace(",", "")))
+        except ValueError:
+            raise ValueError(f"{where}: answer must be an integer, got {json.dumps(d['answer'])}") from None
+        q = d["question"]
+        out.append(Problem(task_id=hashlib.sha1(q.encode()).hexdigest()[:12], question=q, answer=a))
     return out
