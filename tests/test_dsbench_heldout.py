@@ -29,7 +29,7 @@ BEFORE_FIELDS = ("task_id", "question", "answer", "dataset", "kind", "target", "
 
 
 def pipeline(seed: int = 0, **cfg) -> DSBench:
-    return DSBench(DSBenchConfig(sandbox=SANDBOX, **cfg), seed)
+    return DSBench(DSBenchConfig(sandbox=SANDBOX, **({"heldout": "datasets"} | cfg)), seed)
 
 
 def test_datasets_mode_shares_no_dataset_with_training():
@@ -70,9 +70,11 @@ def test_heldout_datasets_must_be_unseen():
     with pytest.raises(ConfigError, match=r"heldout_datasets \['iris'\] are also in pipeline.datasets"):
         load_config("dsbench-tiny", ["pipeline.heldout_datasets=[iris, digits]"])
     with pytest.raises(ValidationError, match="heldout=datasets needs a held-out dataset"):
-        DSBenchConfig(datasets=list(data.DATASETS), heldout_synthetic=0)
+        DSBenchConfig(datasets=list(data.DATASETS), heldout="datasets", heldout_synthetic=0)
     assert DSBenchConfig(datasets=["iris"]).heldout_datasets == ["diabetes", "breast_cancer", "wine", "digits"]
-    assert DSBenchConfig(datasets=list(data.DATASETS)).heldout_names() == synthetic.names(4)
+    assert DSBenchConfig(datasets=list(data.DATASETS), heldout="datasets").heldout_names() == synthetic.names(4)
+    # a run folder whose config predates `heldout` keeps the held-out set it was evaluated on
+    assert DSBenchConfig().heldout == "splits" and load_config("dsbench-tiny", []).pipeline.heldout == "datasets"
     assert DSBenchConfig(datasets=["iris"], heldout="splits").heldout_names() == ["iris"]
 
 
@@ -106,7 +108,8 @@ def test_synthetic_workspace_written_and_scored(tmp_path):
 
 def test_team_solves_synthetic_held_out_tasks_in_the_sandbox():
     """The scripted team's programs (tests/test_dsbench.py) on synthetic tables: the same hand-offs and scoring."""
-    p = DSBench(DSBenchConfig(datasets=list(data.DATASETS), eval_size=2, examples=False, scaffold="none", stop=[]),
+    p = DSBench(DSBenchConfig(datasets=list(data.DATASETS), heldout="datasets", eval_size=2, examples=False,
+                              scaffold="none", stop=[]),
                 seed=0)
     held = p.problems("eval")
     eps = p.run_episodes(held, ["e0", "e1"], ["g0", "g1"], ScriptedTeam(GOOD))

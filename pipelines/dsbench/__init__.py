@@ -43,9 +43,10 @@ class DSBenchConfig(BaseModel):
     train_size: int = Field(64, ge=1, description="training tasks (dataset x split seed)")
     eval_size: int = Field(16, ge=1, description="held-out tasks (split seeds disjoint from training)")
     heldout: Literal["datasets", "splits"] = Field(
-        "datasets", description="where the held-out tasks come from: datasets: datasets training never sees "
-        "(heldout_datasets, then heldout_synthetic generated ones, round-robin), a test of generalisation; splits: "
-        "new splits of the training datasets, which measures those few datasets only (the held-out set before)")
+        "splits", description="where the held-out tasks come from: datasets: datasets training never sees "
+        "(heldout_datasets, then heldout_synthetic generated ones, round-robin), a test of generalisation, what the "
+        "dsbench presets use; splits: new splits of the training datasets, which measures those few datasets only "
+        "(the default, so a run folder whose config predates this field keeps its held-out set)")
     heldout_datasets: list[Bundled] = Field(
         default_factory=lambda cfg: [d for d in data.DATASETS if d not in cfg.get("datasets", [])],
         description="with heldout=datasets: bundled datasets of the held-out tasks, none of them in `datasets` "
