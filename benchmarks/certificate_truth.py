@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE)), sys.path.insert(0, str(HERE.parent))
 import occupancy_scaling as occ  # noqa: E402
+from benchmarks.common import write_section  # noqa: E402
 from tasks.certificate import Segment, bound, episode_terms  # noqa: E402
 
 README = HERE / "README.md"
@@ -220,10 +220,7 @@ def main() -> None:
     text = report(args)
     print(text)
     if args.write:
-        old = README.read_text()
-        pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-        new = pattern.sub(lambda _: text + "\n", old, count=1) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-        README.write_text(new.rstrip("\n") + "\n")
+        write_section(README, SECTION, text)
 
 
 if __name__ == "__main__":

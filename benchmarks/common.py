@@ -12,6 +12,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 
@@ -90,3 +91,13 @@ def machine() -> str:
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}, "
             f"torch {torch.__version__} ({torch.get_num_threads()} threads); load average "
             f"{os.getloadavg()[0]:.1f} (a load above the core count means other work shared the CPUs)")
+
+
+def write_section(readme: Path, title: str, text: str) -> None:
+    """Replace the section of `readme` that starts with the line `title` (up to the next `## `), or append it."""
+    import re
+
+    old = readme.read_text()
+    pattern = re.compile(re.escape(title) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
+    new = pattern.sub(lambda _: text + "\n", old, count=1) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
+    readme.write_text(new.rstrip("\n") + "\n")

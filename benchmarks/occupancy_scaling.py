@@ -69,13 +69,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_section  # noqa: E402
 
 README = Path(__file__).resolve().parent / "README.md"
 SECTION = "## Occupancy-shift scaling (`benchmarks/occupancy_scaling.py`)"
@@ -283,14 +285,6 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    """Replace this benchmark's section of benchmarks/README.md (up to the next '## '), or append it."""
-    old = README.read_text()
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    new = pattern.sub(lambda _: text + "\n", old, count=1) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    README.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n-max", type=int, default=8, help="largest team size (teams n = 2..n_max)")
@@ -309,7 +303,7 @@ def main() -> None:
     text = report(args)
     print(text)
     if args.write:
-        write_section(text)
+        write_section(README, SECTION, text)
         print(f"wrote {README}")
 
 

@@ -32,6 +32,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import write_section  # noqa: E402
 OUT = ROOT / "benchmarks" / "strategies"
 README = ROOT / "benchmarks" / "README.md"
 SECTION = "## TeamTR ablations over seeds (`benchmarks/strategies.py`)"
@@ -182,13 +183,6 @@ def certificate_table(runs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
     return lines
 
 
-def write_section(text: str) -> None:
-    old = README.read_text()
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    new = pattern.sub(lambda _: text + "\n", old, count=1) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    README.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="mathchat-smol")
@@ -207,7 +201,7 @@ def main() -> None:
         text = report()
         print(text)
         if args.write:
-            write_section(text)
+            write_section(README, SECTION, text)
         return
     for seed in args.seeds:
         for variant in args.variants:

@@ -1,53 +1,22 @@
 """The `llm` coach against a real OpenAI-compatible server: `transformers serve` on 127.0.0.1 serving
 the converted SmolLM2-135M-Instruct folder. No mock stands in for it."""
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-import requests
 
+from infra.local_llm import free_port, transformers_serve
 from infra.models import smollm2_dir
 from tasks.coach import CoachConfig, CoachRequest, LLMCoach
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     model_dir = smollm2_dir()
-    port = _free_port()
-    exe = Path(sys.executable).parent / "transformers"
-    proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("transformers serve did not become healthy in 120 s")
-        yield f"{url}/v1", str(model_dir)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        with transformers_serve(model_dir) as url:
+            yield url, str(model_dir)
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 class CountingCoach(LLMCoach):
@@ -108,7 +77,7 @@ def test_malformed_reply_is_reasked_then_recorded_missing(server, trained_run):
 
 
 def test_unreachable_coach_is_a_missing_score_not_a_crash():
-    port = _free_port()  # nothing listens here
+    port = free_port()  # nothing listens here
     cfg = CoachConfig(backend="llm", base_url=f"http://127.0.0.1:{port}/v1", model="x", max_retries=0, timeout_s=5)
     r = LLMCoach(cfg).score(CoachRequest("q", "role", "ctx", "act", "fb"))
     assert (r.status, r.error_kind) == ("error", "connection_error") and r.score is None and "Connection" in r.rationale

@@ -74,12 +74,13 @@ def test_stale_penalty_grows_faster_than_teamtr():
     assert stale[-1] >= teamtr[-1]
 
 
-def test_write_section_replaces_only_its_own_section(tmp_path, monkeypatch):
+def test_write_section_replaces_only_its_own_section(tmp_path):
+    from benchmarks.common import write_section
+
     readme = tmp_path / "README.md"
     readme.write_text(f"# Benchmarks\n\n## other\n\nkeep\n\n{occ.SECTION}\n\nold\n\n## after\n\nkeep too\n")
-    monkeypatch.setattr(occ, "README", readme)
-    occ.write_section(f"{occ.SECTION}\n\nnew\n")
+    write_section(readme, occ.SECTION, f"{occ.SECTION}\n\nnew\n")
     assert readme.read_text() == f"# Benchmarks\n\n## other\n\nkeep\n\n{occ.SECTION}\n\nnew\n\n## after\n\nkeep too\n"
     readme.write_text("# Benchmarks\n\n## other\n\nkeep\n")
-    occ.write_section(f"{occ.SECTION}\n\nnew\n")
+    write_section(readme, occ.SECTION, f"{occ.SECTION}\n\nnew\n")
     assert readme.read_text() == f"# Benchmarks\n\n## other\n\nkeep\n\n{occ.SECTION}\n\nnew\n"

@@ -1,0 +1,49 @@
+"""A local OpenAI-compatible server for the `llm` coach: `transformers serve` on 127.0.0.1, for tests and
+measurements that need a real endpoint and no network (a stronger coach belongs on a vLLM server)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
+    """Serve `model_dir` on a free local port for the block; yields the `/v1` base URL. Raises
+    RuntimeError when the server exits or is not healthy within `start_timeout_s`."""
+    import requests
+
+    port = free_port()
+    exe = Path(sys.executable).parent / "transformers"
+    proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"transformers serve was not healthy within {start_timeout_s:.0f} s")
+            time.sleep(0.5)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
