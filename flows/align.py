@@ -50,6 +50,12 @@ def plan(run_dir: str, cfg: AlignConfig) -> Plan:
     agents = [a.name for a in context.pipeline(run_dir).agents]
     if agent not in agents:
         raise AlignError(f"unknown agent {agent!r}; the team of run {name!r} is {', '.join(agents)}")
+    unit = context.weights(run_dir)[agent]
+    if (shared := context.roles_of(run_dir, unit)) != [agent]:
+        others = ", ".join(r for r in shared if r != agent)
+        raise AlignError(f"{agent} of run {name!r} shares its weights {unit!r} with {others}: "
+                         "swapping one role of a shared model would swap them all; Stage-0 aligns an agent "
+                         "with weights of its own (e.g. pipeline.shared_model=false)")
     k = latest_rollout_iteration(run_dir)
     if k is None:
         raise AlignError(f"run {name!r} has no training rollouts yet: the probe set is the contexts the team "

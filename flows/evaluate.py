@@ -15,6 +15,7 @@ from flows.report import partition_metrics
 from infra import runs, store
 from infra.policy import OPTIMIZER, latest_version, saved_checkpoint
 from infra.registry import resolve
+from pipelines.base import role_versions
 from tasks import context
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import RolloutConfig, collect_rollouts
@@ -22,8 +23,8 @@ from tasks.collect_rollouts import RolloutConfig, collect_rollouts
 
 def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
     """Play (or reuse) partition iteration=K/phase=eval with the policies after K updates; its metrics."""
-    agents = [a.name for a in context.pipeline(run_dir).agents]
-    versions = store.agent_versions(run_dir, agents, iteration)
+    versions = role_versions(context.weights(run_dir),
+                             store.agent_versions(run_dir, context.units(run_dir), iteration))
     collect_rollouts(run_dir, iteration, "eval", versions, split="eval", greedy=True)
     if context.section(run_dir, "rollout", RolloutConfig).eval_samples:
         collect_rollouts(run_dir, iteration, "eval", versions, split="eval", part="samples")
@@ -84,8 +85,7 @@ def problems_team(runs_dir: str, source: Path, iteration: int, problems: str | P
         raise ValueError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
     cfg = runs.read_run_config(source)
     extra = _problems_config(source, cfg, problems, docs)
-    agents = [a.name for a in context.pipeline(str(source)).agents]
-    versions = store.agent_versions(source, agents, iteration)
+    versions = store.agent_versions(source, context.units(str(source)), iteration)
     checkpoints = {a: saved_checkpoint(source, a, v) for a, v in versions.items()}
     return _new_team(runs_dir, source, cfg, checkpoints, extra | {"source": {
         "run": str(source), "iteration": iteration, "versions": versions}})
@@ -111,7 +111,7 @@ def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id:
             raise FileNotFoundError(f"the run that registered {models[0]} ({source}) is not here: pass the id of a run "
                                     "whose team and base model it fits (teamrl eval RUN_ID --model ...)")
         cfg = runs.read_run_config(source)
-        agents = [a.name for a in context.pipeline(str(source)).agents]
+        agents = context.units(str(source))  # what is registered: the weights units
         for agent, (_, mv, uri) in got.items():
             if agent not in agents:
                 raise ValueError(f"{uri} is agent {agent!r}; run {source.name}'s team is {agents}")

@@ -1,6 +1,7 @@
 """The train flow: per iteration, collect_rollouts (with MARS's System-1 `extract` per turn) ->
-coach_evaluate -> compute_advantages -> update (one per agent; TeamTR resamples before each later
-agent's update), with held-out evaluation before the first and after the last iteration."""
+coach_evaluate -> compute_advantages -> update (one per weights unit: an agent's own weights, or the
+model several roles share; TeamTR resamples before each later unit's update), with held-out evaluation
+before the first and after the last iteration. Versions are per unit; a role plays at its unit's."""
 from __future__ import annotations
 
 import base64
@@ -24,6 +25,7 @@ from infra.interrupt import by_ctrl_c
 from infra.policy import OPTIMIZER, latest_version, prune_checkpoints
 from infra.registry import registered_checkpoints
 from infra.tracking import Tracker
+from pipelines.base import role_versions
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach_bias import by_task_type, diverging
@@ -94,16 +96,19 @@ def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], 
 
 def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int,
               plain: bool = False) -> dict[str, float]:
-    """One iteration of the DAG; returns its metrics (stage seconds included). `plain`: the tasks' functions
-    called directly, without Prefect task runs (benchmarks/bench_orchestration.py measures the difference)."""
+    """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
+    included). `plain`: the tasks' functions called directly, without Prefect task runs
+    (benchmarks/bench_orchestration.py measures the difference)."""
     seconds: dict[str, float] = {}
+    roles = context.weights(run_dir)
     versions = store.agent_versions(run_dir, agents, k - 1)
-    score_partition(run_dir, k, "rollout", versions, seconds, plain)
+    score_partition(run_dir, k, "rollout", role_versions(roles, versions), seconds, plain)
     current = dict(versions)  # the partially updated team
     for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
-            score_partition(run_dir, k, phase, dict(current), seconds, plain, questions=algo.resample_questions)
+            score_partition(run_dir, k, phase, role_versions(roles, current), seconds, plain,
+                            questions=algo.resample_questions)
         step = update.fn if plain else update.with_options(task_run_name=f"update-{agent}")
         v = timed(seconds, "update", step, run_dir, k, phase, agent, versions[agent])
         if algo.strategy != "joint":
@@ -147,8 +152,8 @@ def no_heartbeat():
 
 
 def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
-    """Iteration k as `train` runs it: the sub-flow, the coach-bias monitor, MLflow, the table artifact and the
-    checkpoint pruning.
+    """Iteration k of the team's weights units `agents` as `train` runs it: the sub-flow, the coach-bias
+    monitor, MLflow, the table artifact and the checkpoint pruning.
 
     The sub-flow runs without Prefect's flow-run heartbeat: `train`'s own heartbeat covers it, and the
     engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
@@ -158,7 +163,7 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
     if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
-    publish_iteration(run_dir, k, m, agents)
+    publish_iteration(run_dir, k, m, list(dict.fromkeys([*context.weights(rd), *agents])))  # roles' and units' rows
     prune_after_iteration(run_dir, k, agents, cfg.checkpoint.keep_every, tracker)
     return m
 
@@ -217,7 +222,7 @@ def publish_iteration(run_dir: Path, k: int, m: dict[str, float], agents: list[s
 
 
 def publish_registry(cfg: RunConfig, run_dir: Path, tracker: Tracker, agents: list[str], final: dict) -> None:
-    """Register every agent's final checkpoint in MLflow (`best` follows held-out success), then link the
+    """Register every weights unit's final checkpoint in MLflow (`best` follows held-out success), then link the
     MLflow run from the Prefect flow run."""
     from prefect.artifacts import create_link_artifact
 
@@ -291,7 +296,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
         if reopened and (n := runs.remove_temporaries(run_dir)):
             logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)
-        agents = [a.name for a in context.pipeline(rd).agents]
+        agents = context.units(rd)  # the weights units: what is updated, checkpointed and registered
         policy = context.policy(rd)
         for a in agents:  # version 0 on disk makes every later load (and a resume) exact
             if not (run_dir / "checkpoints" / a / "v0000").exists():
@@ -307,7 +312,8 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             for k in range(1, cfg.iterations + 1):
                 m = train_iteration(run_dir, k, agents, cfg, tracker)
                 logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
-                            ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in agents))
+                            ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}"
+                                      for a in context.weights(rd)))
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
                     final = evaluate_partition(rd, k)
                     tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)

@@ -1,5 +1,6 @@
-"""A team's weights: one frozen base model plus each agent's own trainable weights (a peft LoRA
-adapter per agent, or a full copy per agent), with versioned checkpoints on disk."""
+"""A team's weights: one frozen base model plus trainable weights per weights unit (a peft LoRA adapter,
+or a full copy, each), with versioned checkpoints on disk. A unit plays one agent or several (MARS's
+shared model plays System 2 and System 1): every method taking an agent accepts a role or a unit."""
 from __future__ import annotations
 
 import copy
@@ -36,8 +37,13 @@ class CheckpointConfig(BaseModel):
 class TeamPolicy:
     """Long-lived: built once per process and run, then moved between checkpoint versions."""
 
-    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0, device: str = "cpu"):
+    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0, device: str = "cpu",
+                 roles: dict[str, str] | None = None):
+        """`agents`: the weights units; `roles`: role -> the unit that plays it (default: none besides them)."""
         self.cfg, self.agents, self.device = cfg, list(agents), device
+        self.roles = dict(roles or {})
+        if stray := set(self.roles.values()) - set(self.agents):
+            raise ValueError(f"roles played by weights {sorted(stray)} outside the team's {self.agents}")
         self.tokenizer = load_tokenizer(cfg)
         base = load_base(cfg, self.tokenizer, seed).to(device)
         # A trainer whose engine partitions parameters (DeepSpeed ZeRO-3) sets this to a context manager
@@ -67,11 +73,19 @@ class TeamPolicy:
             for p in self._params[a]:
                 p.requires_grad_(True)
 
+    def unit(self, agent: str) -> str:
+        """The weights unit that plays `agent` (a role, or a unit itself)."""
+        unit = self.roles.get(agent, agent)
+        if unit not in self._loaded:
+            raise KeyError(f"unknown agent {agent!r}; team is {self.agents}")
+        return unit
+
     # -- which weights are active -------------------------------------------------------------
     @contextmanager
     def materialized(self, agent: str, modify: bool = False):
         """Agent `agent`'s trainable weights whole in memory for the block (`modify`: writes in the block
         are kept). A no-op unless a trainer partitions them (`gather`)."""
+        agent = self.unit(agent)
         if self.gather is None:
             yield
         else:
@@ -81,8 +95,7 @@ class TeamPolicy:
     @contextmanager
     def acting(self, agent: str):
         """The module that computes agent `agent`'s policy."""
-        if agent not in self._loaded:
-            raise KeyError(f"unknown agent {agent!r}; team is {self.agents}")
+        agent = self.unit(agent)
         with self.materialized(agent):
             if self.cfg.weights == "lora":
                 self.model.set_adapter(agent)
@@ -101,6 +114,7 @@ class TeamPolicy:
         the originals come back untouched after it; this costs one extra copy of the adapted weights
         while it lasts. Not folded (same as `acting`): full copies, partitioned weights (ZeRO-3), adapter
         layers other than a plain LoRA Linear, and a weight another module shares (a tied LM head)."""
+        agent = self.unit(agent)
         with self.acting(agent) as model:
             layers = self._foldable(agent)
             if not layers:
@@ -142,7 +156,7 @@ class TeamPolicy:
             yield self.model
 
     def parameters(self, agent: str) -> list[torch.nn.Parameter]:
-        return self._params[agent]
+        return self._params[self.unit(agent)]
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, agent: str) -> dict[str, torch.Tensor]:
@@ -156,6 +170,7 @@ class TeamPolicy:
         write leaves no temporary behind; a full disk raises infra.disk.DiskFullError."""
         from safetensors.torch import save_file, save_model
 
+        agent = self.unit(agent)
         final = checkpoint_dir(run_dir, agent, version)
         root = final.parent
         tmp = root / f".tmp-{uuid.uuid4().hex}"
@@ -184,6 +199,7 @@ class TeamPolicy:
 
     def load(self, run_dir: str | Path, agent: str, version: int) -> None:
         """Load agent's weights at `version` of run `run_dir`; version 0 without a checkpoint = the initial weights."""
+        agent = self.unit(agent)
         if self._loaded.get(agent) == (_key(run_dir), version):
             return
         from safetensors.torch import load_file, load_model

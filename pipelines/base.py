@@ -72,6 +72,9 @@ class Act(Protocol):
 class Pipeline(Protocol):
     name: str
     agents: list[AgentSpec]
+    # role (agent name) -> the trainable weights that play it (a LoRA adapter or a full copy; its checkpoints,
+    # its updates, its version): `own_weights` for a team of separate models, one name for roles sharing one
+    weights: dict[str, str]
     answer_blind_rubric: bool  # rubric(..., ground_truth=False) exists (coach.ground_truth=false, backend rubric)
 
     def problems(self, split: str) -> list[Problem]: ...
@@ -99,6 +102,21 @@ class Pipeline(Protocol):
     def group_of(problem: Problem) -> str:
         """Optional (`problem_group`): the group of a problem, e.g. DSBench's dataset; held-out success is also
         reported per group. Static: reports call it on the class, with problems rebuilt from stored episodes."""
+
+
+def own_weights(agents: list[AgentSpec]) -> dict[str, str]:
+    """The `weights` of a team whose every agent has its own weights: each role maps to itself."""
+    return {a.name: a.name for a in agents}
+
+
+def weight_units(weights: dict[str, str]) -> list[str]:
+    """The distinct weights of a team, in role order: what is built, updated, checkpointed and versioned."""
+    return list(dict.fromkeys(weights.values()))
+
+
+def role_versions(weights: dict[str, str], versions: dict[str, int]) -> dict[str, int]:
+    """Each role's policy version from its weights' `versions` (keyed by weights unit)."""
+    return {role: versions[w] for role, w in weights.items()}
 
 
 def problem_group(pipeline, problem: Problem) -> str | None:

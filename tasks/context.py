@@ -51,6 +51,23 @@ def pipeline(run_dir: str):
     return build_pipeline(pipeline_config(value(run_dir, "pipeline")), value(run_dir, "seed"))
 
 
+def weights(run_dir: str) -> dict[str, str]:
+    """Role -> the weights unit that plays it (the pipeline's `weights`)."""
+    return pipeline(str(run_dir)).weights
+
+
+def units(run_dir: str) -> list[str]:
+    """The team's weights units: what is built, updated, checkpointed, versioned and registered."""
+    from pipelines.base import weight_units
+
+    return weight_units(weights(run_dir))
+
+
+def roles_of(run_dir: str, unit: str) -> list[str]:
+    """The roles weights `unit` plays."""
+    return [r for r, w in weights(run_dir).items() if w == unit]
+
+
 def user_problems(file: str | Path, docs: str | Path | None) -> dict:
     """The config section `problems` of a `teamrl eval --problems` folder: the user's files (absolute)
     and their SHA-256, so that the folder's held-out split is known to be the file it was made from."""
@@ -76,22 +93,24 @@ _POLICIES: dict[tuple, object] = {}
 
 
 def policy(run_dir: str):
-    """The team's TeamPolicy, built once per (model config, agents, seed) and reused across runs' tasks."""
+    """The team's TeamPolicy over its weights units, built once per (model config, role -> unit map, seed)
+    and reused across runs' tasks."""
     from infra.generation import EnginesConfig
     from infra.models import ModelConfig
     from infra.policy import TeamPolicy
 
     mcfg = section(run_dir, "model", ModelConfig)
     engines = section(run_dir, "engines", EnginesConfig)
-    agents = tuple(a.name for a in pipeline(str(run_dir)).agents)
-    key = (mcfg.model_dump_json(), agents, value(run_dir, "seed"), engines.device)
+    roles = weights(run_dir)
+    key = (mcfg.model_dump_json(), tuple(roles.items()), value(run_dir, "seed"), engines.device)
     if key not in _POLICIES:
         if engines.threads:
             import torch
 
             torch.set_num_threads(engines.threads)
         _POLICIES.clear()  # one team in memory at a time
-        _POLICIES[key] = TeamPolicy(mcfg, list(agents), seed=value(run_dir, "seed"), device=engines.device)
+        _POLICIES[key] = TeamPolicy(mcfg, units(run_dir), seed=value(run_dir, "seed"), device=engines.device,
+                                    roles=roles)
     return _POLICIES[key]
 
 

@@ -1,4 +1,5 @@
-"""DAG stage `update`: one PPO-clip gradient update of one agent; a checkpoint and an `updates` row.
+"""DAG stage `update`: one PPO-clip gradient update of one weights unit (an agent's own weights, or the
+model MARS's two systems share) on the samples of every role it plays; a checkpoint and an `updates` row.
 
 The gradient steps run in the configured trainer (`engines.trainer`: torch, or DeepSpeed ZeRO), on
 the same loss function (tasks/losses.py).
@@ -32,20 +33,27 @@ from tasks.certificate import Bound, Segment, bound, episode_terms
 from tasks.trust_region import kl_tok
 
 
-def _items(run_dir: str, iteration: int, phase: str, agent: str) -> list[TrainItem]:
-    df = store.load_actions(run_dir, iteration, phase)
-    df = df[(df["agent"] == agent) & (df["weight"].fillna(0) > 0)]
-    if len(df) and (df["system"] == 2).all():  # MARS System 2: one trajectory sample per episode, observations masked
-        turns = [[Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
-                  for r in g.sort_values("turn").to_dict("records")] for _, g in df.groupby("episode_id", sort=True)]
-        return [TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask)
-                for t in map(join_turns, turns)]
-    items = []
-    for r in df.to_dict("records"):
-        for _ in range(int(r["weight"])):  # weight = duplication count after balanced sampling
+def train_items(df) -> list[TrainItem]:
+    """The update batch of one weights unit from its roles' action rows: MARS System 2's turns give one
+    trajectory sample per episode (observations masked, tasks/decoupled.py), every other row (System 1, a
+    single-system agent) its own sample `weight` times (the duplication count of balanced sampling). A
+    shared MARS model gets both parts in one batch, so one token-mean loss covers both systems."""
+    df = df[df["weight"].fillna(0) > 0]
+    s2, rest = df[df["system"] == 2], df[df["system"] != 2]
+    turns = [[Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
+              for r in g.sort_values("turn").to_dict("records")] for _, g in s2.groupby("episode_id", sort=True)]
+    items = [TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask)
+             for t in map(join_turns, turns)]
+    for r in rest.to_dict("records"):
+        for _ in range(int(r["weight"])):
             items.append(TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]),
                                    list(r["advantages"]), list(r["loss_mask"])))
     return items
+
+
+def _items(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainItem]:
+    df = store.load_actions(run_dir, iteration, phase)
+    return train_items(df[df["agent"].isin(context.roles_of(run_dir, unit))])
 
 
 def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list, delta: float, steps: int,
@@ -82,7 +90,7 @@ def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batc
 
 
 def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict[str, int]:
-    """Agents updated on this batch before `agent` (`stale`: every earlier one), with their new versions."""
+    """Weights units updated on this batch before `agent` (`stale`: every earlier one), with their new versions."""
     done = store.read_table(run_dir, "updates", iteration, phase)
     return {r["agent"]: int(r["version_after"]) for r in done.to_dict("records")
             if r["agent"] != agent and not r["skipped"]}
@@ -90,27 +98,29 @@ def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict
 
 def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str, changed: dict[str, int],
                    temperature: float, micro_batch_size: int) -> tuple[float | None, Bound | None]:
-    """After an update: the token KL on its batch and the bound of tasks/certificate.py, with the agents
-    `changed` since the batch was sampled loaded at their new versions. (None, None) for a batch without
+    """After an update of weights unit `agent`: the token KL on its batch (the actions of every role it
+    plays) and the bound of tasks/certificate.py, with the units `changed` since the batch was sampled
+    loaded at their new versions; the bound's agents are weights units. (None, None) for a batch without
     raw advantages (written before they were recorded)."""
     df = store.load_actions(run_dir, iteration, phase)
-    mine = df[(df["agent"] == agent) & df["raw_advantages"].notna()].to_dict("records")
+    df = df.assign(unit=df["agent"].map(context.weights(run_dir)))
+    mine = df[(df["unit"] == agent) & df["raw_advantages"].notna()].to_dict("records")
     if not mine:
         return None, None
     episodes = {r["episode_id"] for r in mine}
-    others = [r for r in df[df["agent"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
+    others = [r for r in df[df["unit"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
     ratios = dict(zip(map(id, mine), _ratios(policy, agent, mine, temperature, micro_batch_size)))
     for other, version in changed.items():
         policy.load(run_dir, other, version)
-        rows = [r for r in others if r["agent"] == other]
+        rows = [r for r in others if r["unit"] == other]
         ratios |= dict(zip(map(id, rows), _ratios(policy, other, rows, temperature, micro_batch_size)))
     rho = np.concatenate([ratios[id(r)] for r in mine])
     kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
     segments: dict[str, list[Segment]] = {}
     for r in sorted(mine + others, key=lambda r: (r["episode_id"], r["turn"])):
         acted = np.asarray(r["loss_mask"], bool)
-        adv = np.asarray(r["raw_advantages"], np.float64)[acted] if r["agent"] == agent else None
-        segments.setdefault(r["episode_id"], []).append(Segment(r["agent"], ratios[id(r)], adv))
+        adv = np.asarray(r["raw_advantages"], np.float64)[acted] if r["unit"] == agent else None
+        segments.setdefault(r["episode_id"], []).append(Segment(r["unit"], ratios[id(r)], adv))
     x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
     group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
     raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in mine])
@@ -180,7 +190,7 @@ def _key(ctx, params) -> str:
 
 @task(name="update", cache_key_fn=_key, persist_result=True, task_run_name="update-{agent}")
 def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> int:
-    """Update `agent` from `version_before`; returns the version after (skipped when already done)."""
+    """Update weights unit `agent` from `version_before`; returns the version after (skipped when already done)."""
     if store.partition_exists(run_dir, "updates", iteration, phase, name=agent):
         done = store.read_table(run_dir, "updates", iteration, phase)
         done = done[done["agent"] == agent]

@@ -96,8 +96,8 @@ def test_balance_system1_matches_system2_count():
 
 @pytest.mark.slow
 def test_deepresearch_flow_trains_both_systems(mars_run):
-    """One real iteration: System 2 searches with a purpose, System 1 extracts from FFD bins, both
-    adapters get a GRPO update, System-1 samples are balanced to the number of trajectories."""
+    """One real iteration: System 2 searches with a purpose, System 1 extracts from FFD bins, the model
+    both play gets a GRPO update, System-1 samples are balanced to the number of trajectories."""
     from flows.report import partition_metrics
     from infra import store
 
@@ -117,7 +117,7 @@ def test_deepresearch_flow_trains_both_systems(mars_run):
     m = eps["metrics"].map(dict)
     assert all(x["s1_bins"] >= x["s1_bins_lower_bound"] >= 1 for x in m)
     up = store.read_table(run_dir, "updates").set_index("agent")
-    assert set(up.index) == {"system1", "system2"}
+    assert set(up.index) == {"shared"}  # one model plays both systems (tests/test_mars_shared.py)
     assert (up["tokens"] > 0).all() and (up["strategy"] == "joint").all()
     pm = partition_metrics(run_dir, 1, "rollout")
     assert {"episode/f1", "episode/tool_calls", "system1/compression", "system1/bins_over_lower_bound",
@@ -137,7 +137,7 @@ def test_deepresearch_without_system1(prefect_harness, tmp_path):
     run_dir = train(config=cfg)
     acts = store.load_actions(run_dir, 1, "rollout")
     assert set(acts["agent"]) == {"system2"} and (acts["system"] == 2).all()
-    assert set(store.read_table(run_dir, "updates")["agent"]) == {"system2"}
+    assert set(store.read_table(run_dir, "updates")["agent"]) == {"shared"}
     m = store.read_table(run_dir, "episodes", 1, "rollout")["metrics"].map(dict)
     assert all(x["s1_bins"] == 0 and x["s1_tokens_in"] == 0 for x in m) and any(x["tool_calls"] == 1 for x in m)
 

@@ -192,6 +192,29 @@ def _checkpoint(run, agent, version):
     return d
 
 
+def _team(roles: dict[str, str] | None = None):
+    """What the engine reads of a TeamPolicy: its tokenizer and the role -> weights unit map."""
+    return types.SimpleNamespace(tokenizer=FakeTokenizer(), unit=lambda agent: (roles or {}).get(agent, agent))
+
+
+def test_vllm_engine_serves_a_shared_model_one_adapter(fake_vllm, tmp_path):
+    """MARS's shared model: both roles are served the one adapter of checkpoints/shared."""
+    from infra.engines.config import EnginesConfig
+    from infra.engines.vllm import VLLMGeneration
+    from infra.models import ModelConfig
+
+    mcfg = ModelConfig(name="Qwen/Qwen3-4B-Instruct-2507", lora_rank=16)
+    eng = VLLMGeneration(_team({"system2": "shared", "system1": "shared"}), mcfg,
+                         EnginesConfig(generation="vllm"), ["shared"], 0)
+    assert fake_vllm.instances[0].kwargs["max_loras"] == 1
+    v1 = _checkpoint(tmp_path, "shared", 1)
+    eng.use(tmp_path, {"system2": 1, "system1": 1})
+    for role in ("system2", "system1"):
+        eng.generate(GenerationRequest(role, [[1]], 8))
+    first, second = (c[2] for c in fake_vllm.instances[0].calls[-2:])
+    assert first.lora_path == second.lora_path == str(v1.resolve()) and first.lora_int_id == second.lora_int_id == 1
+
+
 def test_vllm_engine_serves_each_agent_its_latest_adapter(fake_vllm, tmp_path):
     from infra.engines.config import EnginesConfig
     from infra.engines.vllm import VLLMGeneration
@@ -199,7 +222,7 @@ def test_vllm_engine_serves_each_agent_its_latest_adapter(fake_vllm, tmp_path):
 
     engines = EnginesConfig(generation="vllm", vllm=VLLMConfig(enable_sleep_mode=True))
     mcfg = ModelConfig(name="Qwen/Qwen3-4B-Instruct-2507", dtype="bfloat16", lora_rank=16)
-    eng = VLLMGeneration(types.SimpleNamespace(tokenizer=FakeTokenizer()), mcfg, engines, ["solver", "verifier"], 7)
+    eng = VLLMGeneration(_team(), mcfg, engines, ["solver", "verifier"], 7)
     llm = fake_vllm.instances[0]
     assert llm.kwargs["model"] == "Qwen/Qwen3-4B-Instruct-2507" and llm.kwargs["max_loras"] == 2
     assert llm.kwargs["dtype"] == "bfloat16" and llm.kwargs["seed"] == 7
@@ -239,7 +262,7 @@ def test_vllm_engine_refuses_full_weights(fake_vllm):
     from infra.models import ModelConfig
 
     with pytest.raises(ValueError, match="model.weights=lora"):
-        VLLMGeneration(types.SimpleNamespace(tokenizer=FakeTokenizer()), ModelConfig(name="m", weights="full"),
+        VLLMGeneration(_team(), ModelConfig(name="m", weights="full"),
                        EnginesConfig(generation="vllm"), ["a"], 0)
 
 

@@ -1,4 +1,5 @@
-"""The vLLM generation engine: one vLLM instance on the team's base model, one LoRA adapter per agent.
+"""The vLLM generation engine: one vLLM instance on the team's base model, one LoRA adapter per weights
+unit (per agent, or one for the roles a shared model plays).
 
 Translation both ways is pure and tested on CPU (tests/test_engines.py), vLLM itself is imported only
 when `VLLMGeneration` is built:
@@ -222,7 +223,7 @@ class VLLMGeneration:
         if model_cfg.weights != "lora":
             raise ValueError("engines.generation=vllm serves one LoRA adapter per agent: it needs model.weights=lora")
         self.cfg = engines.vllm
-        self.tokenizer = policy.tokenizer
+        self.tokenizer, self.unit = policy.tokenizer, policy.unit  # an agent's adapter is its weights unit's
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.llm = LLM(**llm_kwargs(serving_path(model_cfg.name), model_cfg.dtype, seed, self.cfg, len(agents),
                                     model_cfg.lora_rank))
@@ -233,12 +234,13 @@ class VLLMGeneration:
         from infra.policy import checkpoint_dir
 
         for agent, version in versions.items():
-            d = checkpoint_dir(run_dir, agent, version)
+            unit = self.unit(agent)
+            d = checkpoint_dir(run_dir, unit, version)
             weights = d / "adapter_model.safetensors"
             if weights.exists():
-                self.adapters.point(agent, str(d.resolve()), weights.stat().st_mtime_ns)
+                self.adapters.point(unit, str(d.resolve()), weights.stat().st_mtime_ns)
             elif version == 0:  # never saved: peft's initial adapter is the identity (B = 0), i.e. the base
-                self.adapters.point(agent, None)
+                self.adapters.point(unit, None)
             else:
                 raise FileNotFoundError(f"no adapter checkpoint {d}")
         remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
@@ -258,7 +260,7 @@ class VLLMGeneration:
         self.wake()
         stop = request.stop_ids or self.stop_ids
         params = [SamplingParams(**kw) for kw in sampling_kwargs(request, stop)]
-        adapter = self.adapters.current(request.agent)
+        adapter = self.adapters.current(self.unit(request.agent))
         lora = LoRARequest(**adapter.lora_request_kwargs()) if adapter else None
         outs = self.llm.generate(prompt_inputs(request), params, lora_request=lora, use_tqdm=False)
         return to_generations(request, outs, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import continue_chat, encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import INFRA_PREFIX, SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row, no_blind_rubric
+from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row, no_blind_rubric, own_weights
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
@@ -42,6 +42,9 @@ class DeepResearchConfig(BaseModel):
     questions_file: str | None = Field(None, description="your questions: JSONL {question, answer, hops?, support?}")
     system1: bool = Field(True, description="false: the ablation without System 1 (System 2 reads the raw tool "
                           "output, truncated to context_tokens)")
+    shared_model: bool = Field(True, description="true (the paper's MARS): one set of trainable weights, `shared`, "
+                               "plays System 2 and System 1, each with its own prompt, updated once per iteration "
+                               "on both systems' samples; false: one set per system (a deviation from the paper)")
     max_turns: int = Field(3, ge=1, le=16, description="System-2 turns per episode; the last one must answer")
     scaffold: bool = Field(True, description="System 2's first reply starts with `SEARCH:` and its last with "
                            "`ANSWER:` already written (it writes the rest): a small zero-RL model rarely finds the "
@@ -75,6 +78,7 @@ SYSTEM2 = ("You answer questions about people, companies, cities and mountains t
            "Works. After the findings, reply: ANSWER: Ada Vell")
 SYSTEM1 = ("You are System 1. Find the sentence in the documents that states the fact named in the purpose "
            "and copy it word for word. Reply NONE if there is no such sentence.")
+SHARED = "shared"  # the weights both systems share (shared_model): its checkpoints, updates rows, registered model
 TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
 PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
 
@@ -108,6 +112,7 @@ class DeepResearch:
         if cfg.system1:
             self.agents.append(AgentSpec("system1", "System 1: extracts from the packed tool output the facts "
                                          "that serve System 2's purpose", system=1))
+        self.weights = {a.name: SHARED for a in self.agents} if cfg.shared_model else own_weights(self.agents)
         preflight(cfg.sandbox)
 
     @cached_property

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric
+from pipelines.base import (Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric,
+                            own_weights)
 from pipelines.dsbench import data, synthetic
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 from pipelines.records import no_docs
@@ -149,6 +150,7 @@ class DSBench:
         AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),
         AgentSpec("analyst", "Analyst: validates the predictions and writes submission.csv"),
     ]
+    weights = own_weights(agents)
 
     # the coach-bias monitor (flows/train.py) compares coach and metric per task type: metrics["regression"]
     task_types = ("regression", {1.0: "regression", 0.0: "classification"})

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code
+from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, own_weights
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 from pipelines.records import no_docs
@@ -46,6 +46,7 @@ class MathChat:
         AgentSpec("executor", "Code Executor: writes Python that prints the answer; it is run, stdout/stderr is feedback"),
         AgentSpec("verifier", "Verifier: checks the program output and states the final integer answer"),
     ]
+    weights = own_weights(agents)
 
     def __init__(self, cfg: MathChatConfig, seed: int):
         self.cfg, self.seed = cfg, seed
