@@ -2,6 +2,7 @@
 measurements that need a real endpoint and no network (a stronger coach belongs on a vLLM server)."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -24,7 +25,9 @@ def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
 
     port = free_port()
     exe = Path(sys.executable).parent / "transformers"
-    proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+    # the server ends with this process however it ends (infra/die_with_parent.py), not only at the block's exit
+    launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid())]
+    proc = subprocess.Popen([*launcher, str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                              "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

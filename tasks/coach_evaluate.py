@@ -42,11 +42,12 @@ def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResu
     """Each episode's scores; an episode an infrastructure fault hit is never scored, whatever the backend."""
     cfg = context.section(run_dir, "coach", CoachConfig)
     clean = [e for e in episodes if not e.infra_error]
-    scored = dict(zip((e.episode_id for e in clean), _score_clean(run_dir, cfg, clean)))
+    scored = dict(zip((e.episode_id for e in clean), score_clean(run_dir, cfg, clean)))
     return [unscored(e, e.infra_error) if e.infra_error else scored[e.episode_id] for e in episodes]
 
 
-def _score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
+def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
+    """Each episode's scores under the coach `cfg` (episodes no infrastructure fault hit)."""
     pipe = context.pipeline(run_dir)
     if cfg.backend == "outcome":  # MAPPA's outcome-only baseline: the shared sparse team reward
         return [[CoachResult(10.0 * e.outcome, "episode outcome", "ok", 0.0) for _ in e.actions] for e in episodes]

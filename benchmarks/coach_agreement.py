@@ -1,0 +1,142 @@
+"""The `llm` coach, measured: its scores on a stored run's actions against the rubric and the outcome,
+with and without the answer in its input.
+
+    .venv/bin/python benchmarks/coach_agreement.py --run runs/RUN --actions 510     # serves SmolLM2-135M locally
+    .venv/bin/python benchmarks/coach_agreement.py --run runs/RUN --base-url http://HOST:8000/v1 --model NAME
+
+It draws a seeded sample of the run's training episodes (every action of each, so the agents are
+equally represented), scores every action with the LLM coach twice (`coach.ground_truth` true: the
+answer is in its feedback; false: it is not), and with the pipeline's answer-aware and answer-blind
+rubrics, through the same code the `coach_evaluate` stage runs. Without `--base-url` it starts
+`transformers serve` on the SmolLM2-135M-Instruct the project ships (infra/local_llm.py).
+
+Reported per mode, overall and per agent: Spearman's rank correlation of the LLM's scores with the
+answer-aware rubric's and with the episode outcome (over the actions the LLM scored), the share of
+actions left unscored (malformed replies, timeouts, errors) and seconds per action. Rows go to
+benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode); --write puts the table in
+benchmarks/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import write_section  # noqa: E402
+OUT = ROOT / "benchmarks" / "coach_agreement"
+README = ROOT / "benchmarks" / "README.md"
+SECTION = "## The LLM coach against the rubric (`benchmarks/coach_agreement.py`)"
+
+
+def sample_episodes(run_dir: str, n_actions: int, seed: int) -> list:
+    """Training episodes of the run (rollouts and resamples, no infrastructure fault), enough of them
+    for `n_actions` actions, drawn with `seed`."""
+    from infra import store
+    from tasks.coach_evaluate import load_partition_episodes
+
+    eps = store.read_table(run_dir, "episodes")
+    parts = eps[(eps["phase"] == "rollout") | eps["phase"].str.startswith("resample")][["iteration", "phase"]]
+    pool = [e for it, ph in sorted(set(map(tuple, parts.to_numpy())))
+            for e in load_partition_episodes(run_dir, int(it), str(ph)) if not e.infra_error]
+    if not pool:
+        raise SystemExit(f"{run_dir}: no training episodes to score")
+    per = max(1, len(pool[0].actions))
+    rng = np.random.default_rng(seed)
+    take = rng.choice(len(pool), size=min(len(pool), math.ceil(n_actions / per)), replace=False)
+    return [pool[i] for i in sorted(take)]
+
+
+def score(run_dir: str, episodes: list, base_url: str, model: str) -> pd.DataFrame:
+    """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome."""
+    from tasks import context
+    from tasks.coach import CoachConfig
+    from tasks.coach_evaluate import score_clean
+
+    pipe = context.pipeline(run_dir)
+    base = context.section(run_dir, "coach", CoachConfig).model_dump()
+    rubric = {g: [pipe.rubric(e, g) for e in episodes] for g in (True, False)}
+    rows = []
+    for truth in (True, False):
+        cfg = CoachConfig(**base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth,
+                                    "cache": False})
+        t0 = time.perf_counter()
+        results = score_clean(run_dir, cfg, episodes)
+        wall = time.perf_counter() - t0
+        n = sum(map(len, results))
+        for i, (e, rs) in enumerate(zip(episodes, results)):
+            for a, r, aware, blind in zip(e.actions, rs, rubric[True][i], rubric[False][i]):
+                rows.append({"mode": "with answer" if truth else "without answer", "episode_id": e.episode_id,
+                             "iteration": int(a["iteration"]), "agent": a["agent"], "llm": r.score,
+                             "status": r.status, "latency_s": r.latency_s, "wall_per_action_s": wall / n,
+                             "rubric": aware[0], "blind_rubric": blind[0], "outcome": e.outcome,
+                             "rationale": r.rationale[:200]})
+    return pd.DataFrame(rows)
+
+
+def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
+    """(rho, pairs) over the pairs where both are scored; nan for fewer than 3 pairs or a constant side."""
+    from scipy.stats import spearmanr
+
+    ok = x.notna() & y.notna()
+    if ok.sum() < 3 or x[ok].nunique() < 2 or y[ok].nunique() < 2:
+        return math.nan, int(ok.sum())
+    return float(spearmanr(x[ok].astype(float), y[ok].astype(float)).statistic), int(ok.sum())
+
+
+def table(df: pd.DataFrame) -> list[str]:
+    lines = ["| mode | agent | actions | unscored by the LLM | Spearman with answer-aware rubric (pairs) | "
+             "Spearman with outcome (pairs) | seconds per action |", "|---|---|---|---|---|---|---|"]
+    for mode, g in df.groupby("mode", sort=False):
+        for agent, h in [("all", g), *g.groupby("agent", sort=False)]:
+            r_rub, n_rub = spearman(h["llm"], h["rubric"])
+            r_out, n_out = spearman(h["llm"], h["outcome"])
+            lines.append(f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {r_rub:.2f} ({n_rub}) | "
+                         f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].iloc[0]:.2f} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", required=True, help="a run folder with training partitions")
+    ap.add_argument("--actions", type=int, default=510, help="actions to score (rounded up to whole episodes)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base-url", default=None, help="an OpenAI-compatible /v1 URL (default: serve SmolLM2-135M here)")
+    ap.add_argument("--model", default=None, help="the model name the server knows (default: the served folder)")
+    ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
+    args = ap.parse_args()
+    run_dir = str(Path(args.run).resolve())
+    episodes = sample_episodes(run_dir, args.actions, args.seed)
+    if args.base_url:
+        df = score(run_dir, episodes, args.base_url, args.model or "coach")
+        model = args.model or "coach"
+    else:
+        from infra.local_llm import transformers_serve
+        from infra.models import smollm2_dir
+
+        model = str(smollm2_dir())
+        with transformers_serve(model) as url:
+            df = score(run_dir, episodes, url, model)
+    OUT.mkdir(exist_ok=True)
+    csv = OUT / f"{Path(run_dir).name}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
+    df.to_csv(csv, index=False)
+    command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
+    text = "\n".join([SECTION, "", (f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
+                                    f"{len(episodes)} episodes of `{Path(run_dir).name}`; {platform.machine()}, "
+                                    f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`."), "", *table(df)]) + "\n"
+    print(text)
+    if args.write:
+        write_section(README, SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
