@@ -76,7 +76,7 @@ def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list
 
 
 def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batch_size: int) -> list[np.ndarray]:
-    """pi_now / pi_batch of each row's acted tokens (loss mask 1) under the agent's loaded weights."""
+    """pi_now / pi_batch of each row's response tokens under the agent's loaded weights."""
     items = [TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]), [0.0] * len(r["response_ids"]),
                        [1] * len(r["response_ids"])) for r in rows]
     if not items:
@@ -84,8 +84,8 @@ def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batc
     new, old, _, _ = batch_logprobs(policy, agent, items, temperature, micro_batch_size)
     out = []
     for i, r in enumerate(rows):
-        n, keep = len(r["response_ids"]), np.asarray(r["loss_mask"], bool)
-        out.append(np.exp((new[i, :n] - old[i, :n]).double().numpy())[keep])
+        n = len(r["response_ids"])
+        out.append(np.exp((new[i, :n] - old[i, :n]).double().numpy()))
     return out
 
 
@@ -100,12 +100,14 @@ def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str,
                    temperature: float, micro_batch_size: int) -> tuple[float | None, Bound | None]:
     """After an update of weights unit `agent`: the token KL on its batch (the actions of every role it
     plays) and the bound of tasks/certificate.py, with the units `changed` since the batch was sampled
-    loaded at their new versions; the bound's agents are weights units. (None, None) for a batch without
-    raw advantages (written before they were recorded)."""
+    loaded at their new versions; the bound's agents are weights units. An unscored action has no advantage:
+    it adds nothing to the gain, while its tokens still count in the occupancy penalty. (None, None) for a
+    batch without raw advantages (written before they were recorded)."""
     df = store.load_actions(run_dir, iteration, phase)
-    df = df.assign(unit=df["agent"].map(context.weights(run_dir)))
-    mine = df[(df["unit"] == agent) & df["raw_advantages"].notna()].to_dict("records")
-    if not mine:
+    df = df.assign(unit=df["agent"].map(context.weights(run_dir)), scored=df["raw_advantages"].notna())
+    mine = df[df["unit"] == agent].to_dict("records")
+    scored = [r for r in mine if r["scored"]]
+    if not scored:
         return None, None
     episodes = {r["episode_id"] for r in mine}
     others = [r for r in df[df["unit"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
@@ -118,12 +120,13 @@ def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str,
     kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
     segments: dict[str, list[Segment]] = {}
     for r in sorted(mine + others, key=lambda r: (r["episode_id"], r["turn"])):
-        acted = np.asarray(r["loss_mask"], bool)
-        adv = np.asarray(r["raw_advantages"], np.float64)[acted] if r["unit"] == agent else None
+        adv = None
+        if r["unit"] == agent:
+            adv = np.asarray(r["raw_advantages"], np.float64) if r["scored"] else np.zeros(len(r["response_ids"]))
         segments.setdefault(r["episode_id"], []).append(Segment(r["unit"], ratios[id(r)], adv))
     x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
     group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
-    raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in mine])
+    raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in scored])
     span = max(1.0, float(raw.max() - raw.min())) if len(raw) else 1.0  # rewards in [0, 1], or what the KL shaping widened
     return kl, bound(x, y, [str(group[e]) for e in segments], span)
 
