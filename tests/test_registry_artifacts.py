@@ -122,5 +122,6 @@ def test_prefect_run_names_and_artifacts(trained_run):
             type=ArtifactFilterType(any_=["progress"]), flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in top + subs])))
         assert {r.name for r in subs} == {"iteration-1", "iteration-2"}
         assert progress and all(float(a.data) == 100.0 for a in progress)
-        assert {f"update {a} it=1" for a in AGENTS} <= {a.description for a in progress}
+        # the tiny team's verifier is never scored, so its update has no batch and no progress bar (test_train_flow.py)
+        assert {f"update {a} it=1" for a in ("solver", "executor")} <= {a.description for a in progress}
         assert any(a.description.startswith("rollouts it=1 rollout") for a in progress)
