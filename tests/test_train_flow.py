@@ -50,7 +50,8 @@ def test_actions_joined_with_scores_for_all_agents(trained_run):
     # iteration 2 acts with updated adapters, so some token log-probs differ from the reference
     it2 = df[df.iteration == 2]
     assert max(np.abs(np.array(a) - np.array(b)).max() for a, b in zip(it2.logprobs, it2.ref_logprobs)) > 1e-4
-    assert set(it2["policy_version"]) == {1}
+    assert set(it2[it2["agent"].isin(TRAINED)]["policy_version"]) == {1}
+    assert set(it2[~it2["agent"].isin(TRAINED)]["policy_version"]) == {0}  # never scored, never updated
 
 
 def test_checkpoint_versions_advance(trained_run):
