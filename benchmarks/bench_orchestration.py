@@ -182,8 +182,8 @@ def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], Target,
     listed = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
     notes = [
         (f"{preset} ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
-         f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and updates "
-         f"{task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, the two ways "
+         f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and runs an "
+         f"update task for each of its {task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, the two ways "
          f"alternating (columns are medians of their own); load average {load:.1f} on {os.cpu_count()} cores at "
          "the start"),
         (f"{preset} overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "

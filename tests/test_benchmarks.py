@@ -103,8 +103,9 @@ def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
     s = bench_orchestration.run(quick=True)
     assert [r["way"] for r in s.rows] == ["Prefect flow + store + MLflow", "plain loop of the task functions"]
     assert all(r["update"] > 0 and r["collect_rollouts"] > 0 for r in s.rows) and s.targets[0].ratio > 0
-    # each short stage (collect, one update per agent) costs one progress-artifact call, born at 100%
-    assert any("4 progress-artifact calls" in n for n in s.notes)
+    # each short stage costs one progress-artifact call, born at 100%: collect, and the updates of the solver
+    # and the executor (the tiny team's verifier is never scored, so its update task trains nothing)
+    assert any("3 progress-artifact calls" in n for n in s.notes), s.notes
 
 
 @pytest.mark.slow
