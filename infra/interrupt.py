@@ -9,7 +9,10 @@ raised again.
 A second SIGINT ends the process at once: the signal's default action, which needs neither the main thread
 nor the GIL to be free. Python runs its signal handlers in the main thread between bytecodes, so two SIGINTs
 that arrive while the main thread is in C code (an fsync, a long tensor op) make one handler call; a thread
-counts them from the signal module's wakeup file descriptor instead.
+counts them from the signal module's wakeup file descriptor instead. That descriptor is a Unix socket that
+reports each byte's sender: a child forked but not yet exec'd (subprocess forks instead of vforks when it
+changes the user, as the sandbox's interpreter probe does) shares it and Python's handler, so one Ctrl-C to
+the process group can write two bytes, and only this process's own count.
 
 Either way the process ends killed by SIGINT, as Python ends on an uncaught KeyboardInterrupt. A shell shows
 status 130, and a shell script that runs the command stops too; an ordinary exit status would tell the shell
@@ -20,6 +23,8 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -55,7 +60,7 @@ def stop_on_ctrl_c(grace_s: float = GRACE_S):
             atexit.unregister(_end_interrupted)
             if counted:
                 signal.set_wakeup_fd(-1)
-                os.close(counted)  # the counting thread reads the end of the pipe and returns
+                counted.close()  # the counting thread reads the end of its socket and returns
 
 
 def by_ctrl_c(e: BaseException) -> bool:
@@ -82,27 +87,41 @@ def _on_first(grace_s: float, signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _count_ctrl_c() -> int | None:
-    """Start the thread that ends the process at a second SIGINT; returns the write end of its pipe (None
-    where the wakeup file descriptor is taken, by an asyncio loop of the main thread: then two SIGINTs that
-    arrive together count as one)."""
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    if signal.set_wakeup_fd(w, warn_on_full_buffer=False) != -1:
+def _count_ctrl_c() -> socket.socket | None:
+    """Start the thread that ends the process at a second SIGINT to this process; returns the writing end
+    of its socket (None where the wakeup file descriptor is taken, by an asyncio loop of the main thread:
+    then two SIGINTs that arrive together count as one)."""
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per byte; EOF once w closes
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # each message carries its sender's pid
+    w.setblocking(False)
+    if signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False) != -1:
         signal.set_wakeup_fd(-1)
-        os.close(r), os.close(w)
+        r.close(), w.close()
         return None
+    me = os.getpid()
 
     def count():
         n = 0
-        while data := os.read(r, 64):
-            n += data.count(signal.SIGINT)
-            if n >= 2:
-                _die_by_sigint()
-        os.close(r)
+        while True:
+            data, ancillary, _, _ = r.recvmsg(64, socket.CMSG_SPACE(struct.calcsize("3i")))
+            if not data:
+                break
+            if _sender(ancillary) == me:
+                n += data.count(signal.SIGINT)
+                if n >= 2:
+                    _die_by_sigint()
+        r.close()
 
     threading.Thread(target=count, name="ctrl-c", daemon=True).start()
     return w
+
+
+def _sender(ancillary: list) -> int | None:
+    """The pid in a message's SCM_CREDENTIALS (struct ucred: pid, uid, gid)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return struct.unpack("3i", data[:struct.calcsize("3i")])[0]
+    return None
 
 
 def _on_unraisable(hook, unraisable) -> None:

@@ -258,6 +258,45 @@ def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
     assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
 
 
+FORKED_CHILD = """
+import hashlib, os, time
+from infra.interrupt import stop_on_ctrl_c
+
+try:
+    with stop_on_ctrl_c(grace_s=300):
+        if os.fork() == 0:  # a child forked, not exec'd: it shares the wakeup socket and Python's handler
+            try:
+                time.sleep(120)
+            finally:
+                os._exit(0)
+        print("in C code", flush=True)
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 10_000_000)  # seconds in C: the counting thread reads first
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_one_ctrl_c_to_a_group_with_a_forked_child_is_one_press():
+    """The sandbox's interpreter probe forks (it changes the user); a Ctrl-C to the process group while it
+    has not exec'd yet reached both processes' handlers, the counting thread read two SIGINTs and the
+    process quit at once, without its clean stop."""
+    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-c", FORKED_CHILD], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out = proc.stdout.read()
+    assert rc == -signal.SIGINT and out.strip() == "interrupted", (rc, out, proc.stderr.read())
+
+
 def test_ctrl_c_stops_an_evaluation_too(trained_run, tmp_path):
     """`teamrl eval` runs its flow the same way: a Ctrl-C mid-evaluation stops it within seconds."""
     import shutil
