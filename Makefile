@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: install bwrap sandbox-python browser demo test bench server server-stop clean
+.PHONY: install bwrap sandbox-python browser demo test docs bench server server-stop clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,10 +43,17 @@ install: $(VENV)/.installed bwrap sandbox-python
 demo: install
 	$(VENV)/bin/teamrl train $(PRESET) $(ARGS)
 
-# the benchmarks' smoke tests (tests/test_benchmarks.py) need TRL, the baseline of benchmarks/bench_trl.py
+# the benchmarks' smoke tests (tests/test_benchmarks.py) need TRL, the baseline of benchmarks/bench_trl.py;
+# tests/test_docs.py builds the docs site with mkdocs-material (the docs extra)
 test: install browser
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -e '.[bench,docs]'
 	TEAMRL_PROGRESS=0 $(PY) -m pytest -q
+
+# the docs site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt on every change; the pages under
+# docs/reference/ marked "Generated" come from `.venv/bin/python -m flows.reference`
+docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine
 bench: install
