@@ -4,7 +4,7 @@
 
 (`--write` also replaces this benchmark's section of benchmarks/README.md; `--help` lists the knobs.)
 
-DESIGN.md section 2 claims, after the TeamTR paper (Theorem 3.7 and its n = 2..8 scaling check), that
+The TeamTR paper claims (Theorem 3.7 and its n = 2..8 scaling check) that
 updating the agents of a turn-taking team one by one on rollouts cached at stage start costs an
 occupancy-shift penalty that grows like n^2 (paper: alpha ~ 1.94), while resampling before each
 agent's update (TeamTR's mid-occupancy) makes it grow like n (alpha ~ 1.07). This script measures that

@@ -1,4 +1,4 @@
-"""The align flow: Stage-0 alignment for a plug-and-play agent swap (TeamTR, DESIGN.md section 2).
+"""The align flow: Stage-0 alignment for a plug-and-play agent swap (TeamTR; docs/concepts/stage0.md).
 
 In a run whose latest iteration K is finished, agent j is replaced by a new model: today `init=fresh`,
 a new agent on the run's own base model (a fresh LoRA adapter, or a fresh copy of the base with

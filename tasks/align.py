@@ -3,7 +3,7 @@
 When agent j is replaced by a new model, the new agent is first trained to minimise the reverse KL
 D_KL(pi_new || pi_old_j) on a probe set of the contexts the current team produced at j's turns (the
 prompts of j's actions in the latest training rollouts, teacher-forced on the old agent's responses),
-until it is <= delta_0; TeamTR then continues from it (DESIGN.md, section 2).
+until it is <= delta_0; TeamTR then continues from it (docs/concepts/stage0.md).
 
 What a TeamPolicy can hold defines the swaps supported: `init=fresh`, a new agent on the run's own
 base model: a freshly initialised LoRA adapter (B = 0, so exactly the base model's behaviour) or, with

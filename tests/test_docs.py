@@ -14,9 +14,15 @@ from flows.reference import pages
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _words(text: str) -> str:
+    """A help screen's words in order: rich's boxes and line wrapping vary with its version, not the content."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
 def test_generated_reference_pages_are_current():
     for path, text in pages().items():
-        assert path.exists() and path.read_text() == text, \
+        same = (_words if path.name == "cli.md" else str)
+        assert path.exists() and same(path.read_text()) == same(text), \
             f"{path.relative_to(ROOT)} is stale: run `.venv/bin/python -m flows.reference`"
 
 
