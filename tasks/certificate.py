@@ -34,7 +34,8 @@ approximation, A is an unbiased advantage in reward units (columns `raw_advantag
 value before dividing by a standard deviation), and returns lie within `span` (rewards in [0, 1]: span
 1, widened to the batch's observed range where the KL shaping makes it wider). The batch is the one the
 update was fitted to, so the gain is optimistic by however much the update fitted its noise; the bound
-does not correct for that. A stage's certificate (Theorem 3.6) is the sum of its updates'; each holds at
+does not correct for that (benchmarks/certificate_check.py measures it on stored runs against the next
+fresh batch). A stage's certificate (Theorem 3.6) is the sum of its updates'; each holds at
 95%, all n of a stage at once at 1 - n * 5% at least.
 
 Columns: `updates.surrogate_gain` = mean X, `penalty` = span * mean Y + z * se, `certificate`; MLflow
