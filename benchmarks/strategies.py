@@ -1,8 +1,11 @@
 """TeamTR's ablations over training seeds: joint, stale, teamtr, teamtr without its trust region, and
-teamtr with small resamples against joint given the same extra episodes as a larger batch.
+teamtr with small resamples against joint given the same extra episodes as a larger batch; and issue 21's
+coaches: joint (the rubric with the answer) against blind (the answer-blind rubric) and outcome (the
+episode's outcome as every action's score), at the same rollouts.
 
     .venv/bin/python benchmarks/strategies.py --variants joint teamtr --seeds 0 1 2   # run (resumable)
-    .venv/bin/python benchmarks/strategies.py --report --write                        # table -> README
+    .venv/bin/python benchmarks/strategies.py --backfill runs/ablation                # figures of ended runs
+    .venv/bin/python benchmarks/strategies.py --report --write                        # tables -> README
 
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`abl-<variant>-s<seed>` under
 `--runs-dir`). A run whose folder exists is resumed (`--resume`), so killing this script loses at most
@@ -14,6 +17,12 @@ Per iteration the CSV holds the held-out success (greedy, with its 95% bootstrap
 questions) where an evaluation ran, the training-rollout success, the training episodes (rollouts and
 TeamTR's resamples), the updates made and skipped, and the stage's summed surrogate gain, penalty and
 certificate with the number of updates whose certificate is positive (tasks/certificate.py).
+
+Beside it, per run: the success of every held-out question at every evaluation, the agents' behaviour
+rates, and the final team's success on the paraphrased MathChat set (and once the untrained team's);
+benchmarks/coach_evidence.py defines those files. `--backfill RUNS_DIR` writes them for runs that ended
+without them. The coaches' report section compares held-out success before and after training over
+seeds, with paired differences bootstrapped over seeds and problems.
 """
 from __future__ import annotations
 
@@ -22,9 +31,9 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import time
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +41,16 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.coach_evidence import paired, seed_bootstrap, teamrl, write_figures  # noqa: E402
 from benchmarks.common import write_section  # noqa: E402
 OUT = ROOT / "benchmarks" / "strategies"
 README = ROOT / "benchmarks" / "README.md"
 SECTION = "## TeamTR ablations over seeds (`benchmarks/strategies.py`)"
+COACH_SECTION = "## Coaching with and without the answer, over seeds (`benchmarks/strategies.py`)"
 
+# issue 21's coaches, each otherwise as joint (the rubric coach with the answer): the answer-blind rubric, and
+# the episode's outcome as every action's score
+COACHES = {"blind": ["coach.ground_truth=false"], "outcome": ["coach.backend=outcome"]}
 # variant -> overrides; stale and teamtr share the trust region, so they differ only in resampling
 VARIANTS = {
     "joint": [],
@@ -48,7 +62,9 @@ VARIANTS = {
     "teamtr-rq1": ["algorithm.strategy=teamtr", "algorithm.kl_delta={delta}", "algorithm.resample_questions=1"],
     # joint given teamtr-rq1's extra episodes (2 resamples x 1 question) as a larger batch
     "joint-q10": ["rollout.questions=10"],
+    **COACHES,
 }
+TEAMTR_TABLE = [v for v in VARIANTS if v not in COACHES]  # the coaches have their own section
 
 
 def per_iteration(run_dir: Path) -> pd.DataFrame:
@@ -84,24 +100,22 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 def run(variant: str, seed: int, args: argparse.Namespace) -> None:
     csv = OUT / f"{variant}-s{seed}.csv"
+    run_id, runs_dir = f"abl-{variant}-s{seed}", Path(args.runs_dir)
     if csv.exists():
         print(f"{csv.name}: done, skipped", flush=True)
+        figures(variant, seed, runs_dir)
         return
-    run_id, runs_dir = f"abl-{variant}-s{seed}", Path(args.runs_dir)
     sets = [s.format(delta=args.kl_delta) for s in VARIANTS[variant]]
     sets += [f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}", *args.extra]
-    teamrl = [sys.executable, "-m", "flows.cli"]  # this checkout's code, whatever else is installed
     resumed = (runs_dir / run_id).exists()
     if resumed:
-        cmd = [*teamrl, "train", args.preset, "--set", f"run.dir={runs_dir}", "--resume", run_id]
+        cmd = ["train", args.preset, "--set", f"run.dir={runs_dir}", "--resume", run_id]
     else:
-        cmd = [*teamrl, "train", args.preset, "--set", f"run.dir={runs_dir}", "--set", f"run.id={run_id}",
+        cmd = ["train", args.preset, "--set", f"run.dir={runs_dir}", "--set", f"run.id={run_id}",
                *[x for kv in sets for x in ("--set", kv)]]
-    print(" ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"})
-    if proc.returncode != 0:
-        raise SystemExit(f"{run_id} failed (exit {proc.returncode}); rerun this command to resume it")
+    if code := teamrl(*cmd):
+        raise SystemExit(f"{run_id} failed (exit {code}); rerun this command to resume it")
     OUT.mkdir(exist_ok=True)
     per_iteration(runs_dir / run_id).to_csv(csv, index=False, float_format="%.6g")
     row = {"variant": variant, "seed": seed, "run_id": run_id, "preset": args.preset, "overrides": sets,
@@ -109,13 +123,24 @@ def run(variant: str, seed: int, args: argparse.Namespace) -> None:
            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "note": args.note}
     with (OUT / "runs.jsonl").open("a") as fh:
         fh.write(json.dumps(row) + "\n")
+    figures(variant, seed, runs_dir)
 
 
-def load() -> dict[str, dict[int, pd.DataFrame]]:
+def figures(variant: str, seed: int, runs_dir: Path) -> None:
+    """The ended run's per-question, per-agent and paraphrased figures that are missing (coach_evidence.py)."""
+    run_dir = runs_dir / f"abl-{variant}-s{seed}"
+    if not (run_dir / "config.yaml").exists():  # e.g. a CSV copied from another checkout's run
+        print(f"{run_dir}: no such run here; its figures need `--backfill` with the folder that holds it", flush=True)
+        return
+    write_figures(run_dir, OUT, f"{variant}-s{seed}")
+
+
+def load(kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
+    """variant -> seed -> the table `<variant>-s<seed><kind>.csv` (kind: "" per iteration, ".questions", ...)."""
     out: dict[str, dict[int, pd.DataFrame]] = {}
-    for f in sorted(OUT.glob("*-s*.csv")):
-        variant, seed = re.fullmatch(r"(.+)-s(\d+)\.csv", f.name).groups()
-        out.setdefault(variant, {})[int(seed)] = pd.read_csv(f)
+    for f in sorted(OUT.glob(f"*-s*{kind}.csv")):
+        if m := re.fullmatch(rf"(.+)-s(\d+){re.escape(kind)}\.csv", f.name):
+            out.setdefault(m[1], {})[int(m[2])] = pd.read_csv(f)
     return out
 
 
@@ -136,7 +161,7 @@ def report() -> str:
              "| variant | seeds | held-out success by iteration (mean ± sd over seeds) | final held-out per seed | "
              "held-out regressions | extra episodes vs rollouts | updates certified (certificate > 0) |",
              "|---|---|---|---|---|---|---|"]
-    for variant in VARIANTS:
+    for variant in TEAMTR_TABLE:
         if variant not in runs:
             continue
         seeds = sorted(runs[variant])
@@ -164,7 +189,7 @@ def certificate_table(runs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
              "updates'), beside the held-out change measured over the evaluation interval ending there:", "",
              "| variant | iteration | stage gain | stage penalty | stage certificate | updates certified | "
              "held-out change |", "|---|---|---|---|---|---|---|"]
-    for variant in VARIANTS:
+    for variant in TEAMTR_TABLE:
         dfs = runs.get(variant, {})
         if not dfs or not any(d["certificates"].sum() for d in dfs.values()):
             continue
@@ -183,6 +208,98 @@ def certificate_table(runs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
     return lines
 
 
+def coach_report() -> str:
+    """Issue 21: held-out success of the three coaches before and after training over seeds, on the generated
+    split and the paraphrased set; their paired differences; the agents' behaviour before and after."""
+    coaches = ["joint", *COACHES]
+    held = {v: {s: ends(df) for s, df in runs.items()} for v, runs in load(".questions").items() if v in coaches}
+    para = {v: {s: df.set_index("task_id")["success"] for s, df in runs.items()}
+            for v, runs in load(".paraphrased").items() if v in coaches}
+    base = OUT / "base.paraphrased.csv"
+    base = pd.read_csv(base).set_index("task_id")["success"] if base.exists() else None
+    lines = [COACH_SECTION, "", "Commands: `.venv/bin/python benchmarks/strategies.py --variants joint blind outcome "
+             "--seeds 0 1 2` (mathchat-smol, 4 iterations, held-out evaluation every 2), `--backfill RUNS_DIR` for "
+             "runs that ended without the per-question files, then `--report --write`. joint: the rubric coach with "
+             "the answer; blind: the answer-blind rubric (`coach.ground_truth=false`); outcome: the episode's outcome "
+             "as every action's score (`coach.backend=outcome`); all at the same rollouts. Held-out: each training "
+             "seed's generated split, played greedily; paraphrased: benchmarks/data/mathchat-paraphrased.jsonl, 100 "
+             "problems of the trained kinds phrased unlike the training templates, with names, items and number "
+             "ranges training never shows (pipelines/mathchat/paraphrased.py). Mean ± sd over seeds; a gain or a "
+             "difference is the mean over seeds of the per-seed mean paired difference over questions, with a 95% "
+             "bootstrap interval resampling seeds and, within each, questions. Per-run files: "
+             "`benchmarks/strategies/<variant>-s<seed>.{questions,paraphrased,agents}.csv` and "
+             "`base.paraphrased.csv` (benchmarks/coach_evidence.py).", ""]
+    if not held:
+        return "\n".join(lines + ["No runs yet."]) + "\n"
+    lines += ["| coach | seeds | final iteration | held-out before | held-out after | held-out gain | "
+              "paraphrased untrained | paraphrased after | paraphrased gain |", "|---|---|---|---|---|---|---|---|---|"]
+    for v in (v for v in coaches if v in held):
+        seeds = sorted(held[v])
+        before, after = [held[v][s][0] for s in seeds], [held[v][s][1] for s in seeds]
+        unseen = [para[v][s] for s in sorted(para.get(v, {}))]
+        cells = [v, ", ".join(map(str, seeds)), ", ".join(sorted({str(held[v][s][2]) for s in seeds})),
+                 spread([x.mean() for x in before]), spread([x.mean() for x in after]),
+                 ci([paired(a, b) for a, b in zip(after, before)]), "-" if base is None else f"{base.mean():.2f}",
+                 spread([x.mean() for x in unseen]), "-" if base is None else ci([paired(x, base) for x in unseen])]
+        lines.append(f"| {' | '.join(cells)} |")
+    lines += ["", "Paired differences A − B (the same training seed and question; the untrained team is one, so on "
+              "the paraphrased set a difference in gain is the difference after):", "",
+              "| A − B | seeds | held-out after | held-out gain | paraphrased after |", "|---|---|---|---|---|"]
+    for a, b in combinations([v for v in coaches if v in held], 2):
+        seeds = sorted(set(held[a]) & set(held[b]))
+        gain = [paired(held[a][s][1] - held[a][s][0], held[b][s][1] - held[b][s][0]) for s in seeds]
+        both = sorted(set(para.get(a, {})) & set(para.get(b, {})))
+        lines.append(f"| {a} − {b} | {', '.join(map(str, seeds))} | "
+                     f"{ci([paired(held[a][s][1], held[b][s][1]) for s in seeds])} | {ci(gain)} | "
+                     f"{ci([paired(para[a][s], para[b][s]) for s in both])} |")
+    return "\n".join(lines + agents_table(coaches)) + "\n"
+
+
+def ends(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, int]:
+    """A questions table's success per question (task_id) at iteration 0 and at its last evaluation, and that one."""
+    by = {int(it): g.set_index("task_id")["success"] for it, g in df.groupby("iteration")}
+    return by[0], by[max(by)], max(by)
+
+
+def agents_table(coaches: list[str]) -> list[str]:
+    """Each behaviour rate on the held-out split before (iteration 0) and after (the last evaluation) per coach."""
+    runs = load(".agents")
+    ev = {v: [d[d["phase"] == "eval"] for d in runs.get(v, {}).values()] for v in coaches}
+    keys = list(dict.fromkeys((a, r) for ds in ev.values() for d in ds for a, r in zip(d["agent"], d["rate"])))
+    lines = ["", "Agents' behaviour on the held-out split (greedy), before -> after training, mean ± sd over seeds "
+             "(benchmarks/coach_evidence.py): plan_quantities, the share of the question's numbers the solver's plan "
+             "mentions; plan_is_code, plans written as code; code_error, programs that gave no number; answer_stated, "
+             "verifier replies that state an integer; answer_format, those as `ANSWER: <int>`; faithful, of the "
+             "episodes whose program printed a number, those whose stated answer is that number.", "",
+             f"| agent | rate | {' | '.join(coaches)} |", "|---|---|" + "---|" * len(coaches)]
+
+    def value(d: pd.DataFrame, agent: str, rate: str, iteration: int) -> float:
+        rows = d[(d["agent"] == agent) & (d["rate"] == rate) & (d["iteration"] == iteration)]
+        return float(rows["value"].iloc[0]) if len(rows) else np.nan
+
+    for agent, rate in keys:
+        cells = [f"{spread([value(d, agent, rate, 0) for d in ev[v]])} -> "
+                 f"{spread([value(d, agent, rate, d['iteration'].max()) for d in ev[v]])}" if ev[v] else "-"
+                 for v in coaches]
+        lines.append(f"| {agent} | {rate} | {' | '.join(cells)} |")
+    return lines if keys else []
+
+
+def spread(x: list[float]) -> str:
+    """mean_sd of the values that exist ("-": none)."""
+    x = [v for v in x if not np.isnan(v)]
+    return mean_sd(x) if x else "-"
+
+
+def ci(diffs: list[np.ndarray]) -> str:
+    """The seed bootstrap's estimate and 95% interval of per-seed paired differences ("-": no pairs)."""
+    diffs = [d for d in diffs if d.size]
+    if not diffs:
+        return "-"
+    m, lo, hi = seed_bootstrap(diffs)
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="mathchat-smol")
@@ -194,14 +311,26 @@ def main() -> None:
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "ablation"))
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra key=value overrides")
     ap.add_argument("--note", default="", help="recorded with each run, e.g. what else shared the CPUs")
-    ap.add_argument("--report", action="store_true", help="print the table from the recorded CSVs")
-    ap.add_argument("--write", action="store_true", help="with --report: replace the section in benchmarks/README.md")
+    ap.add_argument("--backfill", metavar="RUNS_DIR", help="write the missing per-question, per-agent and "
+                    "paraphrased figures of the ended runs (those with a CSV) in RUNS_DIR, then stop")
+    ap.add_argument("--report", action="store_true", help="print the tables from the recorded CSVs")
+    ap.add_argument("--write", action="store_true", help="with --report: replace the sections in benchmarks/README.md "
+                    "(each only once it has runs)")
     args = ap.parse_args()
     if args.report:
-        text = report()
-        print(text)
-        if args.write:
-            write_section(README, SECTION, text)
+        for section, text, ran in ((SECTION, report(), set(load()) & set(TEAMTR_TABLE)),
+                                   (COACH_SECTION, coach_report(), set(load(".questions")) & {"joint", *COACHES})):
+            print(text)
+            if args.write and ran:
+                write_section(README, section, text)
+        return
+    if args.backfill:
+        if not Path(args.backfill).is_dir():
+            raise SystemExit(f"--backfill {args.backfill}: no such folder")
+        for seed in args.seeds:
+            for variant in args.variants:
+                if (OUT / f"{variant}-s{seed}.csv").exists():
+                    figures(variant, seed, Path(args.backfill))
         return
     for seed in args.seeds:
         for variant in args.variants:
