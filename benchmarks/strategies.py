@@ -41,6 +41,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.certificate_check import comparisons, summary  # noqa: E402
 from benchmarks.coach_evidence import paired, seed_bootstrap, teamrl, write_figures  # noqa: E402
 from benchmarks.common import write_section  # noqa: E402
 OUT = ROOT / "benchmarks" / "strategies"
@@ -133,6 +134,10 @@ def figures(variant: str, seed: int, runs_dir: Path) -> None:
         print(f"{run_dir}: no such run here; its figures need `--backfill` with the folder that holds it", flush=True)
         return
     write_figures(run_dir, OUT, f"{variant}-s{seed}")
+    check = OUT / f"{variant}-s{seed}.certcheck.csv"  # the certificates against the next fresh batch
+    if not check.exists() and (rows := comparisons(str(run_dir))):
+        pd.DataFrame(rows).to_csv(check, index=False, float_format="%.6g")
+        print(f"{check}: written", flush=True)
 
 
 def load(kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
@@ -179,7 +184,22 @@ def report() -> str:
         lines.append(f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {final} | {regress} | "
                      f"{100 * np.mean(extra):.0f}% | {f'{certified} of {certs}' if certs else 'none computed'} |")
     lines += certificate_table(runs)
+    lines += certificate_check_table()
     return "\n".join(lines) + "\n"
+
+
+def certificate_check_table() -> list[str]:
+    """Per certified variant, all seeds pooled: the certificates against the improvement measured on the
+    next fresh batch (benchmarks/certificate_check.py)."""
+    checks = {v: runs for v, runs in load(".certcheck").items() if v in TEAMTR_TABLE}
+    if not checks:
+        return []
+    lines = ["", "The certificates against the improvement the next fresh batch measures (benchmarks/"
+             "certificate_check.py; seeds pooled; a valid bound has dJ_hat - certificate >= 0 in the mean, and "
+             "dJ_hat - gain below 0 is the gain's in-sample optimism):"]
+    for variant, runs in checks.items():
+        lines += ["", f"**{variant}** (seeds {', '.join(map(str, sorted(runs)))})", "", *summary(pd.concat(runs.values()))]
+    return lines
 
 
 def certificate_table(runs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
