@@ -134,8 +134,11 @@ def figures(variant: str, seed: int, runs_dir: Path) -> None:
         print(f"{run_dir}: no such run here; its figures need `--backfill` with the folder that holds it", flush=True)
         return
     write_figures(run_dir, OUT, f"{variant}-s{seed}")
+    from infra import runs
+
     check = OUT / f"{variant}-s{seed}.certcheck.csv"  # the certificates against the next fresh batch
-    if not check.exists() and (rows := comparisons(str(run_dir))):
+    certified = runs.read_run_config(run_dir).get("algorithm", {}).get("strategy") in ("stale", "teamtr")
+    if certified and not check.exists() and (rows := comparisons(str(run_dir))):
         pd.DataFrame(rows).to_csv(check, index=False, float_format="%.6g")
         print(f"{check}: written", flush=True)
 
