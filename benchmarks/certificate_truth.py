@@ -34,6 +34,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE)), sys.path.insert(0, str(HERE.parent))
 import occupancy_scaling as occ  # noqa: E402
+
 from benchmarks.common import write_section  # noqa: E402
 from tasks.certificate import Segment, bound, episode_terms  # noqa: E402
 

@@ -33,6 +33,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_section  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "coach_agreement"
 README = ROOT / "benchmarks" / "README.md"
 SECTION = "## The LLM coach against the rubric (`benchmarks/coach_agreement.py`)"

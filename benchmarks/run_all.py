@@ -13,7 +13,7 @@ import argparse
 import importlib
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.common import Section, machine
@@ -47,7 +47,7 @@ def main() -> None:
     head = ["# Performance results (`make bench`)", "",
             f"Written by `.venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}"
             f"{' --only ' + ' '.join(a.only) if a.only != BENCHES else ''}` on "
-            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "", f"Machine at the start: {start}.",
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.", "", f"Machine at the start: {start}.",
             f"At the end: {machine()}.", "",
             "Figures are medians of repeated runs; each ratio compares two things measured in the same run. "
             "How each is measured: the module docstring of `benchmarks/bench_<name>.py`.", ""]

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.certificate_check import comparisons, summary  # noqa: E402
 from benchmarks.coach_evidence import paired, seed_bootstrap, teamrl, write_figures  # noqa: E402
 from benchmarks.common import write_section  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "strategies"
 README = ROOT / "benchmarks" / "README.md"
 SECTION = "## TeamTR ablations over seeds (`benchmarks/strategies.py`)"

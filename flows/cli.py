@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -53,9 +52,9 @@ def _show_table(df, title: str) -> None:
 @app.command()
 def train(
     preset: str = typer.Argument(..., help=f"preset name ({', '.join(preset_names())}) or a YAML file"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="more key=value overrides"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a config field: --set seed=3"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used; "
+    overrides: list[str] | None = typer.Argument(None, help="more key=value overrides"),
+    set_: list[str] | None = typer.Option(None, "--set", help="override a config field: --set seed=3"),
+    resume: str | None = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used; "
                                          "--set iterations=N trains it on to N iterations)"),
 ):
     """Train a team with a preset (or YAML file), e.g. `teamrl train tiny --set iterations=2`."""
@@ -125,17 +124,17 @@ def _before_after(run_dir: Path) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    run_id: Optional[str] = typer.Argument(None, help="run id (or run folder); with --model: the team the models "
+    run_id: str | None = typer.Argument(None, help="run id (or run folder); with --model: the team the models "
                                            "join (default: the run that registered the first one)"),
-    iteration: Optional[int] = typer.Option(None, help="policy iteration to evaluate (default: the latest)"),
+    iteration: int | None = typer.Option(None, help="policy iteration to evaluate (default: the latest)"),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
-    model: Optional[list[str]] = typer.Option(None, "--model", help="an agent from the MLflow registry, e.g. "
+    model: list[str] | None = typer.Option(None, "--model", help="an agent from the MLflow registry, e.g. "
                                               "models:/mathchat-smol-solver@best (repeat for more agents)"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)"),
-    problems: Optional[Path] = typer.Option(None, "--problems", help="your own problems, a JSONL file in the run's "
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)"),
+    problems: Path | None = typer.Option(None, "--problems", help="your own problems, a JSONL file in the run's "
                                             "pipeline's format (README: `Evaluate on your own problems`), played in "
                                             "place of the held-out split in a new run folder `eval-...`"),
-    docs: Optional[Path] = typer.Option(None, "--docs", help="with --problems on deepresearch: JSONL of documents "
+    docs: Path | None = typer.Option(None, "--docs", help="with --problems on deepresearch: JSONL of documents "
                                         "{id, title?, text} searched in place of the run's corpus"),
 ):
     """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval; with --model, the
@@ -227,7 +226,7 @@ def align(
                                   help=_align_help("max_steps")),
     probe_size: int = typer.Option(AlignConfig.model_fields["probe_size"].default, "--probe-size",
                                    help=_align_help("probe_size")),
-    lr: Optional[float] = typer.Option(None, "--lr", help=_align_help("lr")),
+    lr: float | None = typer.Option(None, "--lr", help=_align_help("lr")),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
 ):
     """Swap AGENT for a new model and align it first (TeamTR's Stage-0): minimise the reverse KL
@@ -307,10 +306,10 @@ def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding
 def runs_show(
     run_id: str = typer.Argument(...),
     runs_dir: str = typer.Option("runs", "--dir"),
-    episode: Optional[str] = typer.Option(None, "--episode", "-e", help="print this episode as a transcript"),
-    iteration: Optional[int] = typer.Option(None, help="with --episode: its iteration (default: the latest "
+    episode: str | None = typer.Option(None, "--episode", "-e", help="print this episode as a transcript"),
+    iteration: int | None = typer.Option(None, help="with --episode: its iteration (default: the latest "
                                             "holding the id; ids repeat across iterations)"),
-    phase: Optional[str] = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
+    phase: str | None = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
     max_chars: int = typer.Option(1500, "--max-chars", help="with --episode: cut longer texts (0: never)"),
 ):
     """Per-iteration table of a run: success, coach score and loss per agent, and its disk use; with --episode,
@@ -356,7 +355,7 @@ def _episode_hint(run_id: str, runs_dir: str, run_dir: Path) -> None:
 def runs_export(
     run_id: str = typer.Argument(..., help="run id (or run folder)"),
     fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl (one JSON object per action) or csv"),
-    out: Optional[Path] = typer.Option(None, "--out", help="file to write (default: <run folder>/export/"
+    out: Path | None = typer.Option(None, "--out", help="file to write (default: <run folder>/export/"
                                        "<run_id>.<format>)"),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
     tokens: bool = typer.Option(False, "--tokens", help="keep the per-token columns (ids, log-probs, advantages)"),

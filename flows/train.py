@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-
 from prefect import flow, get_run_logger
 from prefect.context import SettingsContext, get_settings_context
 from prefect.runtime import flow_run

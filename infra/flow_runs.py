@@ -43,10 +43,17 @@ def crash_orphans(run_dir: str | Path, current: str, message: str) -> list[str]:
     run lock, which tells that no process that worked on the run is alive. Flow runs this Prefect server does
     not know (another server's, or a lost database) are left alone."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId,
-                                                FlowRunFilterState, FlowRunFilterStateType, TaskRunFilter,
-                                                TaskRunFilterFlowRunId, TaskRunFilterState,
-                                                TaskRunFilterStateType)
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 

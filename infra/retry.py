@@ -7,8 +7,9 @@ An episode that met one is not scored: its actions get no score and no gradient 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from time import sleep
-from typing import Callable, Literal, TypeVar
+from typing import Literal, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

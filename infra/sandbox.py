@@ -76,7 +76,7 @@ class SandboxConfig(BaseModel):
 INFRA_PREFIX = "NOT RUN (infrastructure fault, not the program's):"
 
 
-def sandbox_fault(r: "SandboxResult | None") -> str | None:
+def sandbox_fault(r: SandboxResult | None) -> str | None:
     """An action's `infra_error` for a call that never ran (None when it ran, or no code was given)."""
     return infra_record("sandbox", r.infra_error) if r is not None and r.infra_error else None
 

@@ -1,7 +1,7 @@
 """WHAT is trained: teams, their environments and tools, task sets and outcome scorers."""
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Discriminator, Tag, TypeAdapter
 
@@ -16,9 +16,9 @@ def _name(v) -> str:
 
 
 # one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out)
-PipelineConfig = Annotated[Union[Annotated[MathChatConfig, Tag("mathchat")],
-                                 Annotated[DeepResearchConfig, Tag("deepresearch")],
-                                 Annotated[DSBenchConfig, Tag("dsbench")]], Discriminator(_name)]
+PipelineConfig = Annotated[Annotated[MathChatConfig, Tag("mathchat")]
+                           | Annotated[DeepResearchConfig, Tag("deepresearch")]
+                           | Annotated[DSBenchConfig, Tag("dsbench")], Discriminator(_name)]
 
 
 def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig | DSBenchConfig:

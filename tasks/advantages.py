@@ -2,8 +2,8 @@
 from a registry by name; the `compute_advantages` task wraps them for one iteration's partitions."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from infra.engines.config import RayConfig
 
-
 _WORKERS: dict[tuple, list] = {}
 
 

@@ -26,10 +26,10 @@ from infra.progress import progress_bar
 from infra.trainer import TrainItem, batch_logprobs, interpolate
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
+from tasks.certificate import Bound, Segment, bound, episode_terms
 from tasks.collect_rollouts import RolloutConfig
 from tasks.decoupled import Turn, join_turns
 from tasks.losses import ppo_clip_loss
-from tasks.certificate import Bound, Segment, bound, episode_terms
 from tasks.trust_region import kl_tok
 
 

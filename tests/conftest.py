@@ -3,8 +3,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TEAMRL_PROGRESS", "0")
 
-import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every process teamrl starts)
 import pytest  # noqa: E402
+
+import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every process teamrl starts)
 
 
 @pytest.fixture(scope="session")

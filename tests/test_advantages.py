@@ -4,8 +4,20 @@ import math
 import numpy as np
 import pytest
 
-from tasks.advantages import (ESTIMATORS, Sample, action_kl, blend_score, estimate, grpo, kl_penalty, reinforce_pp,
-                              returns_to_go, rloo, token_rewards, whiten)
+from tasks.advantages import (
+    ESTIMATORS,
+    Sample,
+    action_kl,
+    blend_score,
+    estimate,
+    grpo,
+    kl_penalty,
+    reinforce_pp,
+    returns_to_go,
+    rloo,
+    token_rewards,
+    whiten,
+)
 
 
 def S(score, n=1, *, ep="e1", group="g1", agent="solver", turn=0, logp=None, ref=None):

@@ -250,12 +250,12 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
     row (a resume then updates the solver again from version 1, with version 1's optimizer state); resumed,
     it has the uninterrupted run's tables, weights of versions 0 and 2 only, optimizer state in version 2
     only; `eval --model` plays its registered agents, and `runs show` prints its disk use."""
+    from conftest import table_content
+    from test_resume_faults import TABLES, _teamrl
     from typer.testing import CliRunner
 
-    from conftest import table_content
     from flows.cli import app
     from flows.inspection import disk_summary
-    from test_resume_faults import TABLES, _teamrl
 
     _, ref_dir = trained_run
     run_dir = tmp_path / "pruned"

@@ -6,8 +6,18 @@ import pandas as pd
 import pytest
 from sklearn import metrics as skm
 
-from pipelines.dsbench.data import (DATASETS, DSProblem, accuracy, column_name, macro_f1, make_problems, rmse,
-                                    score_submission, split, write_workspace)
+from pipelines.dsbench.data import (
+    DATASETS,
+    DSProblem,
+    accuracy,
+    column_name,
+    macro_f1,
+    make_problems,
+    rmse,
+    score_submission,
+    split,
+    write_workspace,
+)
 
 ALL = ["diabetes", "breast_cancer", "wine", "iris", "digits"]
 REG, CLS = make_problems(["diabetes", "iris"], 2, seed=7)

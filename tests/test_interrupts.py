@@ -136,8 +136,12 @@ def test_resume_marks_the_flow_run_of_a_killed_process_crashed(prefect_harness, 
     """SIGKILL in iteration 1's rollouts leaves the flow run, its `iteration-1` sub-flow run and the task run
     Running on the server; `--resume` marks them Crashed, and `prefect flow-run retry` then accepts it."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter, \
-        TaskRunFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
     from prefect.settings import PREFECT_API_URL
 
     api = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # the harness's server, which outlives the kill

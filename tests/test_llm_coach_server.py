@@ -30,8 +30,8 @@ class CountingCoach(LLMCoach):
 
 
 def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
-    from tasks.coach_evaluate import load_partition_episodes
     from tasks import context
+    from tasks.coach_evaluate import load_partition_episodes
 
     _, run_dir = trained_run
     pipe = context.pipeline(str(run_dir))

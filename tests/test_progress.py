@@ -1,7 +1,7 @@
 """Progress artifacts (infra/progress.py): few Prefect API calls, and the right value at the end."""
+import prefect.artifacts as pa
 import pytest
 
-import prefect.artifacts as pa
 from infra import progress
 
 

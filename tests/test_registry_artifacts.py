@@ -99,9 +99,15 @@ def test_eval_model_errors_name_the_problem(trained_run, uri, message):
 @pytest.mark.slow
 def test_prefect_run_names_and_artifacts(trained_run):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey,
-                                                ArtifactFilterType, FlowRunFilter, FlowRunFilterName,
-                                                FlowRunFilterParentFlowRunId)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        ArtifactFilterType,
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterParentFlowRunId,
+    )
 
     _, run_dir = trained_run
     with get_client(sync_client=True) as client:

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import run_in_session
 
 from infra.engines.zero import free_port

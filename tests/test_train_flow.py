@@ -274,8 +274,12 @@ def test_iteration_sub_flows_run_without_the_heartbeat_on_settings_made_once():
     """`no_heartbeat` switches Prefect's flow-run heartbeat off for the block, keeps every other setting, and
     builds that settings object once per settings in force (Prefect's `temporary_settings` rebuilds it on each
     entry, about 0.1 s per iteration)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
-    from prefect.settings import temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
     from flows.train import no_heartbeat
 

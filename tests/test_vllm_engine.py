@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 
 from infra.engines.types import GenerationRequest
-from infra.engines.vllm import (LOGPROBS_MODE, AdapterTable, VLLMConfig, llm_kwargs, prompt_inputs, sampled_logprobs,
-                                sampling_kwargs, to_generation, to_generations, vllm_lora_rank)
+from infra.engines.vllm import (
+    LOGPROBS_MODE,
+    AdapterTable,
+    VLLMConfig,
+    llm_kwargs,
+    prompt_inputs,
+    sampled_logprobs,
+    sampling_kwargs,
+    to_generation,
+    to_generations,
+    vllm_lora_rank,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

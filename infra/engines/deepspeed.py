@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

@@ -7,8 +7,9 @@ and retries (the coach never raises from a score), so the pool only bounds concu
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 A = TypeVar("A")
 R = TypeVar("R")

@@ -5,9 +5,10 @@ can use them without pulling in an engine.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 
 @dataclass

@@ -29,8 +29,9 @@ blocks of the old version; the old id is dropped from vLLM's cache.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -5,7 +5,8 @@ Pure (no deepspeed or torch import) so the CPU tests check what a GPU run would 
 from __future__ import annotations
 
 import socket
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

@@ -21,12 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import (Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric,
-                            own_weights)
+from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric, own_weights
 from pipelines.dsbench import data, synthetic
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 from pipelines.records import no_docs
-
 
 FENCE = "```python\n"
 Bundled = Literal["diabetes", "breast_cancer", "wine", "iris", "digits"]  # data.DATASETS

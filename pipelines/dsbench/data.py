@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,7 @@ def column_name(name: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", str(name).lower()).strip("_")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(dataset: str, data_seed: int = 0) -> tuple[pd.DataFrame, pd.Series]:
     """The cached (features, target) of a bundled dataset, or of a synthetic one generated for run seed
     `data_seed`; callers must not mutate them."""
