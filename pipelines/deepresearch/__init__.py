@@ -56,6 +56,14 @@ class DeepResearchConfig(BaseModel):
     reward: Literal["f1", "em"] = Field("f1", description="trajectory reward: token F1 or exact match")
     max_new_tokens: dict[str, int] = Field(default_factory=lambda: {"system2": 48, "system1": 64},
                                            description="response token budget per agent")
+    examples: bool = Field(True, description="show each system worked examples as earlier chat turns (System 2: "
+                           "a whole episode, search, findings, answer; System 1: a document and the fact sentence "
+                           "copied out of it), about fictional entities outside the corpus; false: the instructions "
+                           "only")
+    stop: list[str] = Field(default_factory=lambda: ["\n"],
+                            description="a reply ends where its text first contains one of these (kept in the "
+                            "reply): a newline, so every reply is one line (a System-2 command, or the one sentence "
+                            "System 1 copies) and cannot run on into its budget; [] to turn off")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the python tool")
 
     @model_validator(mode="after")
@@ -73,11 +81,25 @@ SYSTEM2 = ("You answer questions about people, companies, cities and mountains t
            "engine knows. Reply with one line, one of:\n"
            "SEARCH: <names from the question> PURPOSE: <the fact you need>\n"
            "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
-           "ANSWER: <a name, a city or a year>\n"
-           "Example. Question: Who founded Marlo Works? Reply: SEARCH: Marlo Works PURPOSE: the founder of Marlo "
-           "Works. After the findings, reply: ANSWER: Ada Vell")
+           "ANSWER: <a name, a city or a year, copied from the findings>")
 SYSTEM1 = ("You are System 1. Find the sentence in the documents that states the fact named in the purpose "
            "and copy it word for word. Reply NONE if there is no such sentence.")
+FINAL_NOTE = "\nFinal turn: reply with ANSWER: <answer>."
+# Worked examples (`examples`), about entities whose names the corpus's syllables cannot spell, with a year
+# before the generator's 1600..1990: a 135M model copies the shape of an earlier turn far more reliably than it
+# follows an instruction, and an answer copied from an example can never be right by chance.
+# (question, search, purpose, findings, answer): findings as System 1 would write them, with a distractor fact
+# after the answer's in one and before it in the other, so neither position is the one to copy
+S2_EXAMPLES = [("In which city was Ada Quill born?", "Ada Quill", "the city where Ada Quill was born",
+                ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
+                "Kimberhaven"),
+               ("In what year was Jubb Holdings founded?", "Jubb Holdings", "the year Jubb Holdings was founded",
+                ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."], "1543")]
+# (purpose, document, the sentence to copy)
+S1_EXAMPLES = [("the founder of Quimby Works",
+                "# Quimby Works\nQuimby Works is a company. Critics have compared Quimby Works to a quiet bridge. "
+                "The headquarters of Quimby Works are in the city of Exmouth. Quimby Works was founded by Hugo "
+                "Jax. Quimby Works was founded in 1712.", "Quimby Works was founded by Hugo Jax.")]
 SHARED = "shared"  # the weights both systems share (shared_model): its checkpoints, updates rows, registered model
 TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
 PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
@@ -93,6 +115,23 @@ def parse_turn(text: str) -> tuple[str, str, str]:
     line = text[m.end():].split("\n", 1)[0]
     arg, *purpose = PURPOSE_RE.split(line, maxsplit=1)
     return m.group(1).lower(), arg.strip().strip("`"), "".join(purpose).strip()
+
+
+def _user(content: str) -> dict:
+    return {"role": "user", "content": content}
+
+
+def _assistant(content: str) -> dict:
+    return {"role": "assistant", "content": content}
+
+
+def _s1_request(purpose: str, text: str) -> str:
+    return f"Purpose: {purpose}\n\nDocuments:\n{text}"
+
+
+def _findings(purpose: str, observation: str) -> str:
+    """What System 2 reads after a tool call: its purpose and what came back."""
+    return f"Findings ({purpose}):\n{observation}"
 
 
 @lru_cache(maxsize=4)
@@ -152,8 +191,18 @@ class DeepResearch:
         return _docs_index(problem.docs) if problem.docs else self.index
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM1},
-                {"role": "user", "content": f"Purpose: {purpose}\n\nDocuments:\n{text}"}]
+        shots = S1_EXAMPLES if self.cfg.examples else []
+        turns = [m for p, doc, sentence in shots for m in (_user(_s1_request(p, doc)), _assistant(sentence))]
+        return [{"role": "system", "content": SYSTEM1}, *turns, _user(_s1_request(purpose, text))]
+
+    def system2_chat(self, question: str) -> list[dict]:
+        """System 2's opening prompt: the instructions, the worked episodes (`examples`), the question."""
+        turns = []
+        for q, query, purpose, findings, answer in S2_EXAMPLES if self.cfg.examples else []:
+            turns += [_user(f"Question: {q}"), _assistant(f"SEARCH: {query} PURPOSE: {purpose}"),
+                      _user(_findings(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
+                      _assistant(f"ANSWER: {answer}")]
+        return [{"role": "system", "content": SYSTEM2}, *turns, _user(f"Question: {question}")]
 
     def _tool(self, kind: str, arg: str, purpose: str, index: SearchIndex | None = None) -> ToolCall:
         """Run one tool call; a search goes to `index` (default: the run's corpus)."""
@@ -171,9 +220,7 @@ class DeepResearch:
                      act: Act) -> list[Episode]:
         tok, c = act.tokenizer, self.cfg
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
-        ctx = [encode_chat(tok, [{"role": "system", "content": SYSTEM2},
-                                 {"role": "user", "content": f"Question: {e.problem.question}"}])
-               + self._lead(tok, 0) for e in eps]
+        ctx = [encode_chat(tok, self.system2_chat(e.problem.question)) + self._lead(tok, 0) for e in eps]
         for e in eps:
             e.metrics |= dict.fromkeys(["tool_calls", "purpose_given", "s1_tokens_in", "s1_tokens_out", "s1_bins",
                                         "s1_bins_lower_bound"], 0.0)
@@ -204,11 +251,11 @@ class DeepResearch:
                 else:
                     e.metrics["tool_calls"] += 1
                     e.metrics["purpose_given"] += float(bool(purpose))
-                    note = f"Findings ({call.purpose}):\n{self._observe(tok, e, s2_turn, call, extractions.get(i))}"
+                    note = _findings(call.purpose, self._observe(tok, e, s2_turn, call, extractions.get(i)))
                 if last:
                     continue
                 if t + 1 == c.max_turns - 1:
-                    note += "\nFinal turn: reply with ANSWER: <answer>."
+                    note += FINAL_NOTE
                 ctx[i] = ctx[i] + g.response_ids + continue_chat(tok, g.response_ids, note) + self._lead(tok, t + 1)
                 still.append(i)
             active = still
