@@ -55,6 +55,15 @@ docs: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
+# the unit tests only (no `slow` test runs a real flow): minutes, for the edit-test loop
+test-fast: install
+	TEAMRL_PROGRESS=0 $(PY) -m pytest -q -m "not slow"
+
+# ruff's lint and format checks (pyproject.toml [tool.ruff]); `ruff format .` and `ruff check --fix .` fix most
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 # performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'

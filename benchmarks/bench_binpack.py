@@ -12,6 +12,7 @@ documents longer than a bin and packs the pieces with First Fit Decreasing (task
    `extract` stage's prompts) against one call per document (each piece of a cut document its own
    call), both as one batched greedy generation with the same budget per call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,16 +40,27 @@ def packing(tokenizer, pipe, n: int) -> tuple[list[dict], float]:
 
     rows, worst = [], 0.0
     for top_k in (3, 8):
-        sizes = [[len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in docs]
-                 for _, docs in calls(pipe, n, top_k)]
+        sizes = [
+            [len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in docs]
+            for _, docs in calls(pipe, n, top_k)
+        ]
         for cap in (256, 384, 1024):
             bins = sum(len(pack(s, cap)) for s in sizes)
             lb = sum(lower_bound(s, cap) for s in sizes)
             per_call = max(len(pack(s, cap)) / lower_bound(s, cap) for s in sizes)
             worst = max(worst, bins / lb)
-            rows.append({"top_k": top_k, "capacity": cap, "calls": len(sizes), "documents": sum(map(len, sizes)),
-                         "bins (System-1 calls)": bins, "lower bound": lb, "bins / bound": bins / lb,
-                         "worst call": per_call})
+            rows.append(
+                {
+                    "top_k": top_k,
+                    "capacity": cap,
+                    "calls": len(sizes),
+                    "documents": sum(map(len, sizes)),
+                    "bins (System-1 calls)": bins,
+                    "lower bound": lb,
+                    "bins / bound": bins / lb,
+                    "worst call": per_call,
+                }
+            )
     return rows, worst
 
 
@@ -63,16 +75,27 @@ def throughput(policy, pipe, n: int, top_k: int, capacity: int, repeats: int) ->
     for purpose, docs in work:
         packed += [pipe.system1_chat(purpose, t) for t in pack_call(tok, docs, capacity)[0]]
         ids = [tok(d, add_special_tokens=False)["input_ids"] for d in docs]
-        single += [pipe.system1_chat(purpose, tok.decode(ids[i][s:e]))
-                   for i, s, e in split_oversized([len(x) for x in ids], capacity)]
+        single += [
+            pipe.system1_chat(purpose, tok.decode(ids[i][s:e]))
+            for i, s, e in split_oversized([len(x) for x in ids], capacity)
+        ]
     n_docs = sum(len(d) for _, d in work)
     rows = []
     with policy.sampling("system1") as m:
         for name, chats in (("packed bins (extract stage)", packed), ("one document per call", single)):
             prompts = [encode_chat(tok, c) for c in chats]
-            s = median_seconds(lambda: generate(m, tok, prompts, budget, greedy=True, batch_size=16), repeats, warmup=0)
-            rows.append({"System-1 input": name, "top_k": top_k, "capacity": capacity, "calls": len(prompts),
-                         "prompt tokens": sum(map(len, prompts)), "median s": s, "documents/s": n_docs / s})
+            s = median_seconds(lambda: generate(m, tok, prompts, budget, greedy=True, batch_size=16), repeats, warmup=0)  # noqa: B023 (timed here, in its iteration)
+            rows.append(
+                {
+                    "System-1 input": name,
+                    "top_k": top_k,
+                    "capacity": capacity,
+                    "calls": len(prompts),
+                    "prompt tokens": sum(map(len, prompts)),
+                    "median s": s,
+                    "documents/s": n_docs / s,
+                }
+            )
     return rows
 
 
@@ -93,14 +116,21 @@ def run(quick: bool = False) -> Section:
         title="Bin packing of System-1 input",
         command=f".venv/bin/python -m benchmarks.bench_binpack{' --quick' if quick else ''}",
         rows=pack_rows + thr,
-        targets=[Target("System-1 calls / lower bound (worst setting)", ratio, at_most=1.05),
-                 Target(f"extraction documents/s, packed / one per call (top_k 3, capacity {pipe.cfg.bin_tokens})",
-                        speedups[0], at_least=2.0),
-                 Target("extraction documents/s, packed / one per call (top_k 8, capacity 1024)", speedups[1],
-                        at_least=2.0)],
-        notes=[f"throughput: {model}, {searches} searches per setting, greedy, at most "
-               f"{pipe.cfg.max_new_tokens['system1']} new tokens per call, batches of 16; a document longer than a "
-               "bin is cut on both sides, so packing saves calls only where documents are shorter than bins"])
+        targets=[
+            Target("System-1 calls / lower bound (worst setting)", ratio, at_most=1.05),
+            Target(
+                f"extraction documents/s, packed / one per call (top_k 3, capacity {pipe.cfg.bin_tokens})",
+                speedups[0],
+                at_least=2.0,
+            ),
+            Target("extraction documents/s, packed / one per call (top_k 8, capacity 1024)", speedups[1], at_least=2.0),
+        ],
+        notes=[
+            f"throughput: {model}, {searches} searches per setting, greedy, at most "
+            f"{pipe.cfg.max_new_tokens['system1']} new tokens per call, batches of 16; a document longer than a "
+            "bin is cut on both sides, so packing saves calls only where documents are shorter than bins"
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@
    weights (`TeamPolicy.sampling`, the fold timed with it) vs the adapter computed on the side of every
    layer (`TeamPolicy.acting`). No stop token, so both sides generate every token of the budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,17 @@ def _prompts(tokenizer, n: int) -> list[list[int]]:
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of an n x n fp32 matmul: 2 n^3 / seconds."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n ** 3 / median_seconds(lambda: a @ b, repeats)
+    return 2 * n**3 / median_seconds(lambda: a @ b, repeats)
 
 
 def linear_weights(model) -> tuple[int, int]:
     """(N_body, N_head): weights in the decoder's Linear layers (LoRA adapters excluded), and in the head."""
     head = model.get_output_embeddings()
-    body = sum(m.weight.numel() for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and m is not head and "lora_" not in name)
+    body = sum(
+        m.weight.numel()
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and m is not head and "lora_" not in name
+    )
     return body, head.weight.numel()
 
 
@@ -65,6 +69,7 @@ def generation(policy, prompts: list[list[int]], max_new: int, batch_size: int, 
 
     tok, rows = policy.tokenizer, []
     with policy.sampling("solver") as model:
+
         def batched():
             return generate(model, tok, prompts, max_new, temperature=1.0, batch_size=batch_size)
 
@@ -75,8 +80,9 @@ def generation(policy, prompts: list[list[int]], max_new: int, batch_size: int, 
             torch.manual_seed(0)
             tokens = sum(len(g.response_ids) for g in fn())
             s = median_seconds(fn, repeats, warmup=0)
-            rows.append({"generation": name, "prompts": len(prompts), "tokens": tokens, "median s": s,
-                         "tokens/s": tokens / s})
+            rows.append(
+                {"generation": name, "prompts": len(prompts), "tokens": tokens, "median s": s, "tokens/s": tokens / s}
+            )
     return rows
 
 
@@ -86,20 +92,43 @@ def training_mfu(policy, prompts: list[list[int]], resp_len: int, repeats: int) 
 
     g = torch.Generator().manual_seed(0)
     vocab = len(policy.tokenizer)
-    items = [TrainItem(p, torch.randint(0, vocab, (resp_len,), generator=g).tolist(), [-2.0] * resp_len,
-                       torch.randn(resp_len, generator=g).tolist(), [1] * resp_len) for p in prompts]
+    items = [
+        TrainItem(
+            p,
+            torch.randint(0, vocab, (resp_len,), generator=g).tolist(),
+            [-2.0] * resp_len,
+            torch.randn(resp_len, generator=g).tolist(),
+            [1] * resp_len,
+        )
+        for p in prompts
+    ]
 
     def step():  # one minibatch = one optimizer step over every item
-        train_agent(policy, "solver", items, ppo_clip_loss, lr=1e-5, weight_decay=0.0, epochs=1,
-                    minibatch_size=len(items), max_grad_norm=1.0, seed=0, micro_batch_size=4)
+        train_agent(
+            policy,
+            "solver",
+            items,
+            ppo_clip_loss,
+            lr=1e-5,
+            weight_decay=0.0,
+            epochs=1,
+            minibatch_size=len(items),
+            max_grad_norm=1.0,
+            seed=0,
+            micro_batch_size=4,
+        )
 
     s = median_seconds(step, repeats)
     n_body, n_head = linear_weights(policy.model)
     t_all = sum(len(it.prompt_ids) + resp_len for it in items)
     forward = 2 * n_body * t_all + 2 * n_head * resp_len * len(items)
     flops = forward * (2 if policy.cfg.weights == "lora" else 3)
-    return {"step": f"train_agent, {len(items)} sequences ({t_all} tokens), {policy.cfg.weights}",
-            "median s": s, "GFLOP": flops / 1e9, "GFLOP/s": flops / s / 1e9}
+    return {
+        "step": f"train_agent, {len(items)} sequences ({t_all} tokens), {policy.cfg.weights}",
+        "median s": s,
+        "GFLOP": flops / 1e9,
+        "GFLOP/s": flops / s / 1e9,
+    }
 
 
 def prompt_sharing(policy, prompt_len: int, resp_len: int, group: int, repeats: int) -> dict:
@@ -111,12 +140,17 @@ def prompt_sharing(policy, prompt_len: int, resp_len: int, group: int, repeats: 
     prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
     responses = [torch.randint(0, vocab, (resp_len,), generator=g).tolist() for _ in range(group)]
     with policy.acting("solver") as model:
+
         def step(share: bool):
             response_logprobs(model, [prompt] * group, responses, pad, share_prompt=share).sum().backward()
 
-        shared, each = (median_seconds(lambda: step(share), repeats) for share in (True, False))
-    return {"micro-batch": f"{group} x ({prompt_len}-token prompt + {resp_len}-token response)",
-            "prompt per sample (s)": each, "prompt shared (s)": shared, "shared / per sample": shared / each}
+        shared, each = (median_seconds(lambda: step(share), repeats) for share in (True, False))  # noqa: B023 (timed at once)
+    return {
+        "micro-batch": f"{group} x ({prompt_len}-token prompt + {resp_len}-token response)",
+        "prompt per sample (s)": each,
+        "prompt shared (s)": shared,
+        "shared / per sample": shared / each,
+    }
 
 
 def adapter_folding(policy, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -131,8 +165,12 @@ def adapter_folding(policy, prompts: list[list[int]], max_new: int, repeats: int
         return median_seconds(once, repeats)
 
     folded, side = timed(policy.sampling), timed(policy.acting)
-    return {"generation": f"{len(prompts)} prompts x {max_new} tokens", "adapter on the side (s)": side,
-            "adapter folded (s)": folded, "folded / on the side": folded / side}
+    return {
+        "generation": f"{len(prompts)} prompts x {max_new} tokens",
+        "adapter on the side (s)": side,
+        "adapter folded (s)": folded,
+        "folded / on the side": folded / side,
+    }
 
 
 def run(quick: bool = False) -> Section:
@@ -146,19 +184,26 @@ def run(quick: bool = False) -> Section:
     folding = adapter_folding(policy, prompts[:8], max_new // 2, repeats)
     peak = matmul_peak(1024 if quick else 2048, repeats=3 if quick else 10)
     mfu = train["GFLOP/s"] * 1e9 / peak
-    rows = [{"measure": r["generation"], "median s": r["median s"], "rate": f"{r['tokens/s']:.1f} tokens/s"}
-            for r in gen]
-    rows += [{"measure": train["step"], "median s": train["median s"], "rate": f"{train['GFLOP/s']:.2f} GFLOP/s"},
-             {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"}, *sharing,
-             folding]
+    rows = [
+        {"measure": r["generation"], "median s": r["median s"], "rate": f"{r['tokens/s']:.1f} tokens/s"} for r in gen
+    ]
+    rows += [
+        {"measure": train["step"], "median s": train["median s"], "rate": f"{train['GFLOP/s']:.2f} GFLOP/s"},
+        {"measure": "fp32 matmul peak", "median s": None, "rate": f"{peak / 1e9:.2f} GFLOP/s"},
+        *sharing,
+        folding,
+    ]
     return Section(
         title="Generation throughput and training MFU",
         command=f".venv/bin/python -m benchmarks.bench_generation{' --quick' if quick else ''}",
         rows=rows,
         targets=[Target("batched / naive generation tokens/s", gen[0]["tokens/s"] / gen[1]["tokens/s"], at_least=1.0)],
-        notes=[f"model {model}, {n} MathChat prompts, {max_new} new tokens, T = 1; training on {len(prompts[:8])} "
-               f"sequences with {max_new}-token responses, LoRA rank {policy.cfg.lora_rank}",
-               f"MFU of a training step: {mfu:.1%} of the measured matmul peak"])
+        notes=[
+            f"model {model}, {n} MathChat prompts, {max_new} new tokens, T = 1; training on {len(prompts[:8])} "
+            f"sequences with {max_new}-token responses, LoRA rank {policy.cfg.lora_rank}",
+            f"MFU of a training step: {mfu:.1%} of the measured matmul peak",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ samples the summed RSS of the trainer and every process it starts (the Prefect A
 model, the rollouts and an update, the demo's largest moments; `--iterations 6 --evaluate` is the
 whole demo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,17 +54,28 @@ def peak_rss(cmd: list[str], env: dict) -> tuple[int, float, int]:
 def run(quick: bool = False, iterations: int = 1, evaluate: bool = False) -> Section:
     preset = "tiny" if quick else "mathchat-smol"
     with tempfile.TemporaryDirectory(prefix="teamrl-bench-mem-") as tmp:
-        cmd = [sys.executable, "-m", "flows.cli", "train", preset, "--set", f"run.dir={tmp}",
-               "--set", f"iterations={iterations}", "--set", f"evaluate={str(evaluate).lower()}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "train",
+            preset,
+            "--set",
+            f"run.dir={tmp}",
+            "--set",
+            f"iterations={iterations}",
+            "--set",
+            f"evaluate={str(evaluate).lower()}",
+        ]
         env = os.environ | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"}
         peak, wall, _ = peak_rss(cmd, env)
     what = f"{iterations} iteration(s), {'with' if evaluate else 'without'} held-out evaluations"
     return Section(
         title="Peak memory of the demo",
         command=f".venv/bin/python -m benchmarks.bench_memory{' --quick' if quick else ''}",
-        rows=[{"run": f"teamrl train {preset}, {what}", "peak RSS GiB (process tree)": peak / 2**30,
-               "wall s": wall}],
-        notes=["RSS sampled every 0.2 s over the trainer and its child processes; shared pages count once per process"])
+        rows=[{"run": f"teamrl train {preset}, {what}", "peak RSS GiB (process tree)": peak / 2**30, "wall s": wall}],
+        notes=["RSS sampled every 0.2 s over the trainer and its child processes; shared pages count once per process"],
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ options, a no-op sub-flow run with and without Prefect's flow-run heartbeat, and
 Prefect API calls of the stages' progress artifacts. One-time costs (the Prefect
 server's start, the model's load, the MLflow run's creation) are outside the figures and reported on their own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,6 +91,7 @@ def clocked(module, names: tuple[str, ...], spent: list[float]):
                 return fn(*args, **kwargs)
             finally:
                 spent.append(time.perf_counter() - t0)
+
         return timed_call
 
     try:
@@ -114,8 +116,9 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
         t0 = time.perf_counter()
         with clocked(prefect.artifacts, ("create_progress_artifact", "update_progress_artifact"), spent):
             m = train_iteration(Path(rd_flow), k, agents, cfg, tracker)
-        out["flow"].append(split(m, time.perf_counter() - t0) | {"progress artifacts": sum(spent),
-                                                                 "progress calls": len(spent)})
+        out["flow"].append(
+            split(m, time.perf_counter() - t0) | {"progress artifacts": sum(spent), "progress calls": len(spent)}
+        )
 
     def plain(k: int) -> None:
         t0 = time.perf_counter()
@@ -128,6 +131,7 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     tracker.finish()
     out["task run"] = median_seconds(noop_task, 4 * (repeats + 1))
     out["sub-flow run"] = median_seconds(noop_flow, repeats + 1)
+
     def quiet_noop():  # as train_iteration runs its sub-flow, the settings switch included
         with no_heartbeat():
             noop_flow()
@@ -138,16 +142,24 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
 
 def same_work(a: str, b: str, iterations: int) -> bool:
     """Both runs wrote every iteration's partitions, with the same generated tokens."""
-    ids = [store.read_table(rd, "actions").sort_values(["iteration", "episode_id", "turn"])["response_ids"]
-           for rd in (a, b)]
-    return all(store.partition_exists(rd, t, k, "rollout") for rd in (a, b) for t in ("episodes", "updates")
-               for k in range(1, iterations + 1)) and [list(x) for x in ids[0]] == [list(x) for x in ids[1]]
+    ids = [
+        store.read_table(rd, "actions").sort_values(["iteration", "episode_id", "turn"])["response_ids"]
+        for rd in (a, b)
+    ]
+    return all(
+        store.partition_exists(rd, t, k, "rollout")
+        for rd in (a, b)
+        for t in ("episodes", "updates")
+        for k in range(1, iterations + 1)
+    ) and [list(x) for x in ids[0]] == [list(x) for x in ids[1]]
 
 
 def row(way: str, splits: list[dict]) -> dict:
     """The median of each column over the iterations (None where a way has no such part)."""
-    return {"way": way} | {k: statistics.median(s[k] for s in splits) if k in splits[0] else None
-                           for k in ("s / iteration", *STAGES, *EXTRAS)}
+    return {"way": way} | {
+        k: statistics.median(s[k] for s in splits) if k in splits[0] else None
+        for k in ("s / iteration", *STAGES, *EXTRAS)
+    }
 
 
 def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], Target, list[str]]:
@@ -174,27 +186,36 @@ def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], Target,
     f = {"preset": preset} | row("Prefect flow + store + MLflow", out["flow"][warmup:])
     p = {"preset": preset} | row("plain loop of the task functions", out["plain"][warmup:])
     calls = statistics.median(s["progress calls"] for s in out["flow"][warmup:])
-    parts = {f"{task_runs} task runs (a no-op one: {out['task run'] * 1000:.1f} ms)": task_runs * out["task run"],
-             f"{calls:g} progress-artifact calls": statistics.median(s["progress artifacts"] for s in out["flow"][warmup:]),
-             "the sub-flow run, MLflow and the artifact (flow minus plain rest of the iteration)":
-                 f["rest of the iteration"] - p["rest of the iteration"]}
+    parts = {
+        f"{task_runs} task runs (a no-op one: {out['task run'] * 1000:.1f} ms)": task_runs * out["task run"],
+        f"{calls:g} progress-artifact calls": statistics.median(s["progress artifacts"] for s in out["flow"][warmup:]),
+        "the sub-flow run, MLflow and the artifact (flow minus plain rest of the iteration)": f["rest of the iteration"]
+        - p["rest of the iteration"],
+    }
     overhead = sum(parts.values())
     listed = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
     notes = [
-        (f"{preset} ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
-         f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and runs an "
-         f"update task for each of its {task_runs - 3} agents; medians over {repeats} iteration(s) per way after {warmup} warm-up, the two ways "
-         f"alternating (columns are medians of their own); load average {load:.1f} on {os.cpu_count()} cores at "
-         "the start"),
-        (f"{preset} overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "
-         f"without the noise of the stages' compute: {listed} = {overhead:.2f} s, a ratio of "
-         f"{1 + overhead / p['s / iteration']:.3f}"),
-        (f"{preset}: a no-op sub-flow run takes {out['sub-flow run'] * 1000:.0f} ms, "
-         f"{out['sub-flow run, no heartbeat'] * 1000:.0f} ms without Prefect's flow-run heartbeat (on exit the "
-         "flow engine joins the heartbeat thread, which sleeps in 1 s steps, so `train` runs its iteration "
-         "sub-flows without it); the rest is the flow run's API calls; one-time, not in the figures: Prefect "
-         f"server start {server_s:.1f} s, model load and first run folder {model_s:.1f} s, MLflow database and "
-         f"run creation {out['tracker_s']:.1f} s"),
+        (
+            f"{preset} ({cfg.model.name}): an iteration plays {cfg.rollout.questions} questions x "
+            f"{cfg.rollout.group_size} episodes, scores them with the {cfg.coach.backend} coach and runs an "
+            f"update task for each of its {task_runs - 3} agents; medians over {repeats} iteration(s) per way after "
+            f"{warmup} warm-up, the two ways "
+            f"alternating (columns are medians of their own); load average {load:.1f} on {os.cpu_count()} cores at "
+            "the start"
+        ),
+        (
+            f"{preset} overhead: {f['s / iteration'] - p['s / iteration']:+.2f} s per iteration measured; its parts, "
+            f"without the noise of the stages' compute: {listed} = {overhead:.2f} s, a ratio of "
+            f"{1 + overhead / p['s / iteration']:.3f}"
+        ),
+        (
+            f"{preset}: a no-op sub-flow run takes {out['sub-flow run'] * 1000:.0f} ms, "
+            f"{out['sub-flow run, no heartbeat'] * 1000:.0f} ms without Prefect's flow-run heartbeat (on exit the "
+            "flow engine joins the heartbeat thread, which sleeps in 1 s steps, so `train` runs its iteration "
+            "sub-flows without it); the rest is the flow run's API calls; one-time, not in the figures: Prefect "
+            f"server start {server_s:.1f} s, model load and first run folder {model_s:.1f} s, MLflow database and "
+            f"run creation {out['tracker_s']:.1f} s"
+        ),
     ]
     target = Target(f"{preset}: Prefect flow / plain loop", f["s / iteration"] / p["s / iteration"], at_most=1.05)
     return [f, p], target, notes
@@ -214,9 +235,13 @@ def run(quick: bool = False, plan: list[tuple[str, int, int]] | None = None) -> 
     custom = plan not in (PLAN, [("tiny", 1, 0)])
     return Section(
         title="Orchestration overhead (Prefect + Parquet store + MLflow vs a plain loop)",
-        command=".venv/bin/python -m benchmarks.bench_orchestration" + (" --quick" if quick else "")
-                + ("".join(f" --preset {p} --repeats {r} --warmup {w}" for p, r, w in plan) if custom else ""),
-        rows=rows, targets=targets, notes=notes)
+        command=".venv/bin/python -m benchmarks.bench_orchestration"
+        + (" --quick" if quick else "")
+        + ("".join(f" --preset {p} --repeats {r} --warmup {w}" for p, r, w in plan) if custom else ""),
+        rows=rows,
+        targets=targets,
+        notes=notes,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Then reads everything back into pandas (`read_table` / `pd.read_json(lines=True)
 agent's rows of one iteration: the store opens that partition only; JSONL has to parse the whole
 iteration's file before filtering.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,30 @@ def rows(iteration: int, n: int, seed: int = 0) -> list[dict]:
     out = []
     for i in range(n):
         p, q = int(r.integers(60, 140)), int(r.integers(10, 70))
-        out.append({"run_id": "bench", "iteration": iteration, "phase": "rollout", "episode_id": f"e{iteration}-{i // 3}",
-                    "turn": i % 3, "agent": AGENTS[i % 3], "role": AGENTS[i % 3], "system": 0, "policy_version": 1,
-                    "prompt_text": "Solve: what is 17 * 23 + 4? " * (p // 12), "response_text": "17 * 23 = 391 " * (q // 6),
-                    "prompt_ids": r.integers(0, 49152, p).tolist(), "response_ids": r.integers(0, 49152, q).tolist(),
-                    "logprobs": (-r.exponential(1.0, q)).round(4).tolist(), "ref_logprobs": None, "tool_name": None,
-                    "tool_input": None, "tool_output": None, "parent_turn": None, "infra_error": None})
+        out.append(
+            {
+                "run_id": "bench",
+                "iteration": iteration,
+                "phase": "rollout",
+                "episode_id": f"e{iteration}-{i // 3}",
+                "turn": i % 3,
+                "agent": AGENTS[i % 3],
+                "role": AGENTS[i % 3],
+                "system": 0,
+                "policy_version": 1,
+                "prompt_text": "Solve: what is 17 * 23 + 4? " * (p // 12),
+                "response_text": "17 * 23 = 391 " * (q // 6),
+                "prompt_ids": r.integers(0, 49152, p).tolist(),
+                "response_ids": r.integers(0, 49152, q).tolist(),
+                "logprobs": (-r.exponential(1.0, q)).round(4).tolist(),
+                "ref_logprobs": None,
+                "tool_name": None,
+                "tool_input": None,
+                "tool_output": None,
+                "parent_turn": None,
+                "infra_error": None,
+            }
+        )
     return out
 
 
@@ -73,9 +92,12 @@ def run(quick: bool = False) -> Section:
         size = {"parquet": _bytes(pq_dir), "jsonl": _bytes(js_dir)}
         # JSONL is parsed file by file and not kept (1M rows of Python lists would not fit beside the
         # other runs); the store's read returns the whole table
-        read = {"parquet": median_seconds(lambda: store.read_table(pq_dir, "actions"), 1 if quick else 3, warmup=0),
-                "jsonl": median_seconds(lambda: sum(len(pd.read_json(f, lines=True)) for f in js_dir.glob("*.jsonl")),
-                                        1, warmup=0)}
+        read = {
+            "parquet": median_seconds(lambda: store.read_table(pq_dir, "actions"), 1 if quick else 3, warmup=0),
+            "jsonl": median_seconds(
+                lambda: sum(len(pd.read_json(f, lines=True)) for f in js_dir.glob("*.jsonl")), 1, warmup=0
+            ),
+        }
         k = iters // 2 + 1
 
         def pq_one():
@@ -90,18 +112,32 @@ def run(quick: bool = False) -> Section:
         one = {"parquet": median_seconds(pq_one, 5), "jsonl": median_seconds(js_one, 5)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    table = [{"format": name, "rows": total, "MB": size[name] / 2**20, "write s": write[name], "read all s": read[name],
-              "read 1 iteration x 1 agent s": one[name]} for name in ("parquet", "jsonl")]
+    table = [
+        {
+            "format": name,
+            "rows": total,
+            "MB": size[name] / 2**20,
+            "write s": write[name],
+            "read all s": read[name],
+            "read 1 iteration x 1 agent s": one[name],
+        }
+        for name in ("parquet", "jsonl")
+    ]
     return Section(
         title="Trajectory store: Parquet partitions vs JSONL dumps",
         command=f".venv/bin/python -m benchmarks.bench_store{' --quick' if quick else ''}",
         rows=table,
-        targets=[Target("Parquet / JSONL bytes", size["parquet"] / size["jsonl"], at_most=1.0),
-                 Target("Parquet / JSONL write seconds", write["parquet"] / write["jsonl"], at_most=1.0),
-                 Target("Parquet / JSONL read-all seconds", read["parquet"] / read["jsonl"], at_most=1.0),
-                 Target("Parquet / JSONL filtered-read seconds", one["parquet"] / one["jsonl"], at_most=1.0)],
-        notes=[f"{iters} iterations of {per_iter} rows; write seconds include building the Arrow table from the "
-               "row dicts (the store's input) and the fsync; reads return pandas DataFrames"])
+        targets=[
+            Target("Parquet / JSONL bytes", size["parquet"] / size["jsonl"], at_most=1.0),
+            Target("Parquet / JSONL write seconds", write["parquet"] / write["jsonl"], at_most=1.0),
+            Target("Parquet / JSONL read-all seconds", read["parquet"] / read["jsonl"], at_most=1.0),
+            Target("Parquet / JSONL filtered-read seconds", one["parquet"] / one["jsonl"], at_most=1.0),
+        ],
+        notes=[
+            f"{iters} iterations of {per_iter} rows; write seconds include building the Arrow table from the "
+            "row dicts (the store's input) and the fsync; reads return pandas DataFrames"
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ adds nothing) minus beta times the token KL to the reference (algorithm.kl_coef,
 `stale` and `joint` have no per-update batch after each update; their stage (one iteration) is compared
 the same way: the stage's summed certificate against J_hat(next rollout) - J_hat(rollout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,10 +51,22 @@ Z95_TWO_SIDED = 1.959963984540054
 def episode_returns(actions: pd.DataFrame, rewards: pd.DataFrame, beta: float, kind: str) -> pd.Series:
     """Per episode: sum of its actions' rewards (None: 0) - beta * sum of its tokens' KL to the reference."""
     r = rewards.set_index(["episode_id", "turn", "agent"])["reward"].astype(float).fillna(0.0)
-    kl = actions.apply(lambda a: 0.0 if beta == 0 or a["ref_logprobs"] is None else float(np.sum(kl_penalty(
-        np.asarray(a["logprobs"], np.float64), np.asarray(a["ref_logprobs"], np.float64), kind))), axis=1)
-    per_action = r.reindex(pd.MultiIndex.from_frame(actions[["episode_id", "turn", "agent"]])).fillna(0.0).to_numpy() \
+    kl = actions.apply(
+        lambda a: (
+            0.0
+            if beta == 0 or a["ref_logprobs"] is None
+            else float(
+                np.sum(
+                    kl_penalty(np.asarray(a["logprobs"], np.float64), np.asarray(a["ref_logprobs"], np.float64), kind)
+                )
+            )
+        ),
+        axis=1,
+    )
+    per_action = (
+        r.reindex(pd.MultiIndex.from_frame(actions[["episode_id", "turn", "agent"]])).fillna(0.0).to_numpy()
         - beta * kl.to_numpy()
+    )
     return pd.Series(per_action, index=actions["episode_id"].to_numpy()).groupby(level=0).sum()
 
 
@@ -92,21 +105,54 @@ def comparisons(run_dir: str) -> list[dict]:
                 row = done[done["phase"] == ph]
                 if len(row) != 1 or after not in have or pd.isna(row["certificate"].iloc[0]):
                     continue
-                rows.append(_row(run_dir, "update", it, row["agent"].iloc[0], (it, ph), after, est,
-                                 float(row["certificate"].iloc[0]), float(row["surrogate_gain"].iloc[0])))
+                rows.append(
+                    _row(
+                        run_dir,
+                        "update",
+                        it,
+                        row["agent"].iloc[0],
+                        (it, ph),
+                        after,
+                        est,
+                        float(row["certificate"].iloc[0]),
+                        float(row["surrogate_gain"].iloc[0]),
+                    )
+                )
         certs = done["certificate"].dropna()
         if len(certs) and nxt in have and len(certs) == len(done):
-            rows.append(_row(run_dir, "stage", it, "+".join(done["agent"]), (it, "rollout"), nxt, est,
-                             float(certs.sum()), float(done["surrogate_gain"].sum())))
+            rows.append(
+                _row(
+                    run_dir,
+                    "stage",
+                    it,
+                    "+".join(done["agent"]),
+                    (it, "rollout"),
+                    nxt,
+                    est,
+                    float(certs.sum()),
+                    float(done["surrogate_gain"].sum()),
+                )
+            )
     return rows
 
 
 def _row(run_dir, kind, it, agent, before, after, est, cert, gain) -> dict:
     (j0, s0), (j1, s1) = est(*before), est(*after)
-    return {"run": Path(run_dir).name, "kind": kind, "iteration": it, "agent": agent,
-            "batch": f"{before[0]}/{before[1]}", "next_batch": f"{after[0]}/{after[1]}",
-            "j_before": j0, "j_after": j1, "se_before": s0, "se_after": s1, "dj_hat": j1 - j0,
-            "certificate": cert, "gain": gain}
+    return {
+        "run": Path(run_dir).name,
+        "kind": kind,
+        "iteration": it,
+        "agent": agent,
+        "batch": f"{before[0]}/{before[1]}",
+        "next_batch": f"{after[0]}/{after[1]}",
+        "j_before": j0,
+        "j_after": j1,
+        "se_before": s0,
+        "se_after": s1,
+        "dj_hat": j1 - j0,
+        "certificate": cert,
+        "gain": gain,
+    }
 
 
 def mean_interval(df: pd.DataFrame, column: str) -> tuple[float, float]:
@@ -124,13 +170,18 @@ def mean_interval(df: pd.DataFrame, column: str) -> tuple[float, float]:
 
 
 def summary(df: pd.DataFrame) -> list[str]:
-    lines = ["| rows | n | mean certificate | mean gain | mean dJ_hat | dJ_hat - certificate (95%) | "
-             "dJ_hat - gain (95%) | certificate > 0 |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| rows | n | mean certificate | mean gain | mean dJ_hat | dJ_hat - certificate (95%) | "
+        "dJ_hat - gain (95%) | certificate > 0 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for kind, d in df.groupby("kind", sort=False):
         (mc, hc), (mg, hg) = mean_interval(d, "certificate"), mean_interval(d, "gain")
-        lines.append(f"| {kind} | {len(d)} | {d['certificate'].mean():+.4f} | {d['gain'].mean():+.4f} | "
-                     f"{d['dj_hat'].mean():+.4f} | {mc:+.4f} ± {hc:.4f} | {mg:+.4f} ± {hg:.4f} | "
-                     f"{int((d['certificate'] > 0).sum())} |")
+        lines.append(
+            f"| {kind} | {len(d)} | {d['certificate'].mean():+.4f} | {d['gain'].mean():+.4f} | "
+            f"{d['dj_hat'].mean():+.4f} | {mc:+.4f} ± {hc:.4f} | {mg:+.4f} ± {hg:.4f} | "
+            f"{int((d['certificate'] > 0).sum())} |"
+        )
     return lines
 
 
@@ -141,8 +192,10 @@ def main() -> None:
     args = ap.parse_args()
     df = pd.DataFrame([r for run in args.runs for r in comparisons(run)])
     if df.empty:
-        raise SystemExit("no certified update with a later batch in these runs (strategy stale or teamtr, "
-                         "at least two iterations or a resample after the update)")
+        raise SystemExit(
+            "no certified update with a later batch in these runs (strategy stale or teamtr, "
+            "at least two iterations or a resample after the update)"
+        )
     if args.csv:
         df.to_csv(args.csv, index=False, float_format="%.6g")
     print("\n".join(summary(df)))

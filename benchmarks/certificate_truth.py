@@ -20,6 +20,7 @@ the updates that improved J, the share the certificate certified (> 0), per delt
 tasks/certificate.py itself (advantage R - the batch's mean R, episodes as groups, 95% one-sided), and
 reports how often it exceeds dJ (the confidence level allows 5%).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,15 @@ def exact_penalty(team: occ.Team, pi_b: np.ndarray, pi_now: np.ndarray, acting: 
     return float(total)
 
 
-def sampled_certificate(team: occ.Team, pi_b: np.ndarray, pi_now: np.ndarray, acting: int, changed: set[int],
-                        episodes: int, rng: np.random.Generator) -> float:
+def sampled_certificate(
+    team: occ.Team,
+    pi_b: np.ndarray,
+    pi_now: np.ndarray,
+    acting: int,
+    changed: set[int],
+    episodes: int,
+    rng: np.random.Generator,
+) -> float:
     """tasks/certificate.py's estimate from `episodes` episodes sampled by the batch team pi_b."""
     n, tok = len(pi_b), team.tokens
     s = rng.choice(len(team.rho0), size=episodes, p=team.rho0)
@@ -87,15 +95,24 @@ def sampled_certificate(team: occ.Team, pi_b: np.ndarray, pi_now: np.ndarray, ac
         q = team.P[j][s, a]
         s = (rng.uniform(size=(episodes, 1)) > q.cumsum(1)).sum(1).clip(max=q.shape[1] - 1)
     adv = team.R[s] - team.R[s].mean()  # the outcome minus the batch's mean: an unbiased advantage here
-    terms = [episode_terms([Segment(str(j), ratio[e, j * tok:(j + 1) * tok],
-                                    np.full(tok, adv[e]) if j == acting else None) for j in range(n)],
-                           str(acting), {str(c) for c in changed}) for e in range(episodes)]
+    terms = [
+        episode_terms(
+            [
+                Segment(str(j), ratio[e, j * tok : (j + 1) * tok], np.full(tok, adv[e]) if j == acting else None)
+                for j in range(n)
+            ],
+            str(acting),
+            {str(c) for c in changed},
+        )
+        for e in range(episodes)
+    ]
     x, y = map(np.array, zip(*terms))
     return bound(x, y, [str(e) for e in range(episodes)], float(team.R.max() - team.R.min())).certificate
 
 
-def stage(team: occ.Team, pi: np.ndarray, delta: float, mid: bool, episodes: int = 0,
-          rng: np.random.Generator | None = None) -> list[dict]:
+def stage(
+    team: occ.Team, pi: np.ndarray, delta: float, mid: bool, episodes: int = 0, rng: np.random.Generator | None = None
+) -> list[dict]:
     """Update agents 1..n in turn order (mid: teamtr, else stale); one record per update."""
     pi0, pi = pi.copy(), pi.copy()
     span = float(team.R.max() - team.R.min())
@@ -110,8 +127,13 @@ def stage(team: occ.Team, pi: np.ndarray, delta: float, mid: bool, episodes: int
         pi[i] = new
         gain = occ.surrogate(d[turn], A[turn], new)  # E_b[X] (E_b[A] = 0 on every state)
         y = exact_penalty(team, pi_b, pi, i, changed)
-        row = {"agent": i, "gain": gain, "penalty": span * y, "certificate": gain - span * y,
-               "dJ": occ.expected_return(team, pi) - occ.expected_return(team, before)}
+        row = {
+            "agent": i,
+            "gain": gain,
+            "penalty": span * y,
+            "certificate": gain - span * y,
+            "dJ": occ.expected_return(team, pi) - occ.expected_return(team, before),
+        }
         if episodes:
             row["sampled"] = sampled_certificate(team, pi_b, pi, i, changed, episodes, rng)
         rows.append(row)
@@ -124,8 +146,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
     for n in range(2, args.n_max + 1):
         for delta in args.deltas:
             for j in range(args.teams):
-                full, pi = occ.random_team(np.random.default_rng(j), args.n_max, args.states, args.actions,
-                                           args.tokens, args.rewrite)
+                full, pi = occ.random_team(
+                    np.random.default_rng(j), args.n_max, args.states, args.actions, args.tokens, args.rewrite
+                )
                 team, pi_n = occ.prefix(full, pi, n)
                 for name, mid in (("teamtr", True), ("stale", False)):
                     sample = args.episodes if j < args.sampled_teams else 0
@@ -143,61 +166,108 @@ def report(args: argparse.Namespace) -> str:
     df["slack"] = df["dJ"] - df["certificate"]
     command = " ".join([".venv/bin/python benchmarks/certificate_truth.py", *sys.argv[1:]])
     tr = df[df["strategy"] == "teamtr"]
-    lines = [SECTION, "",
-             (f"Command: `{command}` (exact dynamic programming, {wall:.0f} s on {platform.machine()}, "
-              f"{os.cpu_count()} cores). Derivation of the bound: the docstring of tasks/certificate.py; the "
-              "check: this script's docstring."), "",
-             (f"Settings: teams of n = 2..{args.n_max} agents, {args.tokens} tokens per message, {args.states} "
-              f"context states, {args.actions} actions, rewrite probability <= {args.rewrite}, outcome reward in "
-              f"[0, 1]; {args.teams} seeded teams per (n, delta); per-state KL of every update = delta. "
-              f"{len(df)} updates in all ({len(tr)} teamtr, {len(df) - len(tr)} stale)."), "",
-             "| delta | updates | worst slack dJ - certificate (teamtr / stale) | improved J (teamtr) | "
-             "certified of those (teamtr) | certified (stale) | mean certificate teamtr / stale |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        SECTION,
+        "",
+        (
+            f"Command: `{command}` (exact dynamic programming, {wall:.0f} s on {platform.machine()}, "
+            f"{os.cpu_count()} cores). Derivation of the bound: the docstring of tasks/certificate.py; the "
+            "check: this script's docstring."
+        ),
+        "",
+        (
+            f"Settings: teams of n = 2..{args.n_max} agents, {args.tokens} tokens per message, {args.states} "
+            f"context states, {args.actions} actions, rewrite probability <= {args.rewrite}, outcome reward in "
+            f"[0, 1]; {args.teams} seeded teams per (n, delta); per-state KL of every update = delta. "
+            f"{len(df)} updates in all ({len(tr)} teamtr, {len(df) - len(tr)} stale)."
+        ),
+        "",
+        "| delta | updates | worst slack dJ - certificate (teamtr / stale) | improved J (teamtr) | "
+        "certified of those (teamtr) | certified (stale) | mean certificate teamtr / stale |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for delta, g in df.groupby("delta"):
         t, s = g[g["strategy"] == "teamtr"], g[g["strategy"] == "stale"]
         up = t[t["dJ"] > 0]
-        lines.append(f"| {delta:g} | {len(g)} | {t['slack'].min():.2e} / {s['slack'].min():.2e} | {len(up)} | "
-                     f"{(up['certificate'] > 0).mean():.0%} | {(s[s['dJ'] > 0]['certificate'] > 0).mean():.0%} | "
-                     f"{t['certificate'].mean():.2e} / {s['certificate'].mean():.2e} |")
+        lines.append(
+            f"| {delta:g} | {len(g)} | {t['slack'].min():.2e} / {s['slack'].min():.2e} | {len(up)} | "
+            f"{(up['certificate'] > 0).mean():.0%} | {(s[s['dJ'] > 0]['certificate'] > 0).mean():.0%} | "
+            f"{t['certificate'].mean():.2e} / {s['certificate'].mean():.2e} |"
+        )
     per_n = df.groupby(["n", "strategy"])["slack"].agg(["min", "size"]).unstack()
-    lines += ["", "Per team size: " + "; ".join(
-        f"n = {n}: {int(per_n.loc[n, ('size', 'teamtr')]) + int(per_n.loc[n, ('size', 'stale')])} updates, worst "
-        f"slack {min(per_n.loc[n, ('min', 'teamtr')], per_n.loc[n, ('min', 'stale')]):.1e}" for n in per_n.index) + "."]
+    lines += [
+        "",
+        "Per team size: "
+        + "; ".join(
+            f"n = {n}: {int(per_n.loc[n, ('size', 'teamtr')]) + int(per_n.loc[n, ('size', 'stale')])} updates, worst "
+            f"slack {min(per_n.loc[n, ('min', 'teamtr')], per_n.loc[n, ('min', 'stale')]):.1e}"
+            for n in per_n.index
+        )
+        + ".",
+    ]
     smp = df.dropna(subset=["sampled"]) if "sampled" in df else df.iloc[0:0]
     if len(smp):
         over = smp["sampled"] > smp["dJ"]
-        lines += ["", (f"Sampled estimate ({args.episodes} episodes per update, the first {args.sampled_teams} teams "
-                       f"of each (n, delta), {len(smp)} updates): it exceeded the true dJ in {over.mean():.1%} of the "
-                       f"updates (95% one-sided bound: at most about 5% expected); positive in "
-                       f"{(smp['sampled'] > 0).mean():.1%}.")]
-    lines += ["", (f"How many episodes the sampled certificate needs (teamtr, n = 3, the first {args.sweep_teams} teams): "
-                   "share of updates certified / share whose certificate exceeded dJ."), "",
-              "| delta | " + " | ".join(f"{e} episodes" for e in args.sweep_episodes) + " |",
-              "|---|" + "---|" * len(args.sweep_episodes)]
+        lines += [
+            "",
+            (
+                f"Sampled estimate ({args.episodes} episodes per update, the first {args.sampled_teams} teams "
+                f"of each (n, delta), {len(smp)} updates): it exceeded the true dJ in {over.mean():.1%} of the "
+                f"updates (95% one-sided bound: at most about 5% expected); positive in "
+                f"{(smp['sampled'] > 0).mean():.1%}."
+            ),
+        ]
+    lines += [
+        "",
+        (
+            f"How many episodes the sampled certificate needs (teamtr, n = 3, the first {args.sweep_teams} teams): "
+            "share of updates certified / share whose certificate exceeded dJ."
+        ),
+        "",
+        "| delta | " + " | ".join(f"{e} episodes" for e in args.sweep_episodes) + " |",
+        "|---|" + "---|" * len(args.sweep_episodes),
+    ]
     for delta in args.sweep_deltas:
         cells = []
         for e in args.sweep_episodes:
             rng = np.random.default_rng(args.sample_seed)
-            got = [(r["sampled"], r["dJ"]) for j in range(args.sweep_teams)
-                   for r in stage(*occ.prefix(*occ.random_team(np.random.default_rng(j), args.n_max, args.states,
-                                                               args.actions, args.tokens, args.rewrite), 3),
-                                  delta, True, e, rng)]
+            got = [
+                (r["sampled"], r["dJ"])
+                for j in range(args.sweep_teams)
+                for r in stage(
+                    *occ.prefix(
+                        *occ.random_team(
+                            np.random.default_rng(j), args.n_max, args.states, args.actions, args.tokens, args.rewrite
+                        ),
+                        3,
+                    ),
+                    delta,
+                    True,
+                    e,
+                    rng,
+                )
+            ]
             cert, dj = np.array(got).T
             cells.append(f"{(cert > 0).mean():.0%} / {(cert > dj).mean():.0%}")
         lines.append(f"| {delta:g} | " + " | ".join(cells) + " |")
     worst = df["slack"].min()
-    lines += ["", (f"Reading: the certificate never exceeded the true improvement (worst slack {worst:.1e}"
-                   f"{', a violation' if worst < 0 else ' >= 0'}). It certifies only small steps: the penalty is "
-                   "second order in the step but is scaled by the whole range of returns, while the advantages "
-                   "here are about 1% of it (an early agent's token barely moves a [0, 1] outcome that later "
-                   "tokens rewrite), so the gain outweighs it only at small delta; stale's penalty adds the "
-                   "reweighting by every agent updated before, so it certifies less than teamtr at every delta. Estimated from a sample, a certificate also pays its "
-                   "sampling term, which shrinks only as one over the square root of the episodes: with a few "
-                   "hundred episodes the updates it certified were mostly those whose sampled gain happened to be "
-                   "high (certified and exceeding dJ alike), and it took thousands of episodes at delta <= 1e-5 to "
-                   "certify most improving updates. A training batch of 32 episodes at delta = 0.05 is far from "
-                   "both.")]
+    lines += [
+        "",
+        (
+            f"Reading: the certificate never exceeded the true improvement (worst slack {worst:.1e}"
+            f"{', a violation' if worst < 0 else ' >= 0'}). It certifies only small steps: the penalty is "
+            "second order in the step but is scaled by the whole range of returns, while the advantages "
+            "here are about 1% of it (an early agent's token barely moves a [0, 1] outcome that later "
+            "tokens rewrite), so the gain outweighs it only at small delta; stale's penalty adds the "
+            "reweighting by every agent updated before, so it certifies less than teamtr at every delta. "
+            "Estimated from a sample, a certificate also pays its "
+            "sampling term, which shrinks only as one over the square root of the episodes: with a few "
+            "hundred episodes the updates it certified were mostly those whose sampled gain happened to be "
+            "high (certified and exceeding dJ alike), and it took thousands of episodes at delta <= 1e-5 to "
+            "certify most improving updates. A training batch of 32 episodes at delta = 0.05 is far from "
+            "both."
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 

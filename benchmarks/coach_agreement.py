@@ -16,6 +16,7 @@ actions left unscored (malformed replies, timeouts, errors) and seconds per acti
 benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode); --write puts the table in
 benchmarks/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def sample_episodes(run_dir: str, n_actions: int, seed: int) -> list:
 
     eps = store.read_table(run_dir, "episodes")
     parts = eps[(eps["phase"] == "rollout") | eps["phase"].str.startswith("resample")][["iteration", "phase"]]
-    pool = [e for it, ph in sorted(set(map(tuple, parts.to_numpy())))
-            for e in load_partition_episodes(run_dir, int(it), str(ph)) if not e.infra_error]
+    pool = [
+        e
+        for it, ph in sorted(set(map(tuple, parts.to_numpy())))
+        for e in load_partition_episodes(run_dir, int(it), str(ph))
+        if not e.infra_error
+    ]
     if not pool:
         raise SystemExit(f"{run_dir}: no training episodes to score")
     per = max(1, len(pool[0].actions))
@@ -68,19 +73,31 @@ def score(run_dir: str, episodes: list, base_url: str, model: str) -> pd.DataFra
     rubric = {g: [pipe.rubric(e, g) for e in episodes] for g in (True, False)}
     rows = []
     for truth in (True, False):
-        cfg = CoachConfig(**base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth,
-                                    "cache": False})
+        cfg = CoachConfig(
+            **base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
+        )
         t0 = time.perf_counter()
         results = score_clean(run_dir, cfg, episodes)
         wall = time.perf_counter() - t0
         n = sum(map(len, results))
         for i, (e, rs) in enumerate(zip(episodes, results)):
             for a, r, aware, blind in zip(e.actions, rs, rubric[True][i], rubric[False][i]):
-                rows.append({"mode": "with answer" if truth else "without answer", "episode_id": e.episode_id,
-                             "iteration": int(a["iteration"]), "agent": a["agent"], "llm": r.score,
-                             "status": r.status, "latency_s": r.latency_s, "wall_per_action_s": wall / n,
-                             "rubric": aware[0], "blind_rubric": blind[0], "outcome": e.outcome,
-                             "rationale": r.rationale[:200]})
+                rows.append(
+                    {
+                        "mode": "with answer" if truth else "without answer",
+                        "episode_id": e.episode_id,
+                        "iteration": int(a["iteration"]),
+                        "agent": a["agent"],
+                        "llm": r.score,
+                        "status": r.status,
+                        "latency_s": r.latency_s,
+                        "wall_per_action_s": wall / n,
+                        "rubric": aware[0],
+                        "blind_rubric": blind[0],
+                        "outcome": e.outcome,
+                        "rationale": r.rationale[:200],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -95,14 +112,19 @@ def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
 
 
 def table(df: pd.DataFrame) -> list[str]:
-    lines = ["| mode | agent | actions | unscored by the LLM | Spearman with answer-aware rubric (pairs) | "
-             "Spearman with outcome (pairs) | seconds per action |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | agent | actions | unscored by the LLM | Spearman with answer-aware rubric (pairs) | "
+        "Spearman with outcome (pairs) | seconds per action |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for mode, g in df.groupby("mode", sort=False):
         for agent, h in [("all", g), *g.groupby("agent", sort=False)]:
             r_rub, n_rub = spearman(h["llm"], h["rubric"])
             r_out, n_out = spearman(h["llm"], h["outcome"])
-            lines.append(f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {r_rub:.2f} ({n_rub}) | "
-                         f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].iloc[0]:.2f} |")
+            lines.append(
+                f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {r_rub:.2f} ({n_rub}) | "
+                f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].iloc[0]:.2f} |"
+            )
     return lines
 
 
@@ -131,9 +153,22 @@ def main() -> None:
     csv = OUT / f"{Path(run_dir).name}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
     df.to_csv(csv, index=False)
     command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
-    text = "\n".join([SECTION, "", (f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
-                                    f"{len(episodes)} episodes of `{Path(run_dir).name}`; {platform.machine()}, "
-                                    f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`."), "", *table(df)]) + "\n"
+    text = (
+        "\n".join(
+            [
+                SECTION,
+                "",
+                (
+                    f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
+                    f"{len(episodes)} episodes of `{Path(run_dir).name}`; {platform.machine()}, "
+                    f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`."
+                ),
+                "",
+                *table(df),
+            ]
+        )
+        + "\n"
+    )
     print(text)
     if args.write:
         write_section(README, SECTION, text)

@@ -23,6 +23,7 @@ Files, beside strategies.py's per-iteration `<variant>-s<seed>.csv`:
     verifier faithful         over the episodes whose program printed a number: share whose stated
                               answer is that number
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,8 +54,14 @@ def question_success(run_dir: Path) -> pd.DataFrame:
     eps = store.read_table(run_dir, "episodes")
     eps = eps[(eps["phase"] == "eval") & (eps["metrics"].map(lambda m: dict(m).get("greedy", 0.0)) == 1.0)]
     success = np.where(eps["infra_error"].isna(), eps["success"].astype(float), np.nan)
-    df = pd.DataFrame({"iteration": eps["iteration"].astype(int).to_numpy(), "task_id": eps["task_id"].to_numpy(),
-                       "question": eps["question"].to_numpy(), "success": success})
+    df = pd.DataFrame(
+        {
+            "iteration": eps["iteration"].astype(int).to_numpy(),
+            "task_id": eps["task_id"].to_numpy(),
+            "question": eps["question"].to_numpy(),
+            "success": success,
+        }
+    )
     return df.sort_values(["iteration", "task_id"]).reset_index(drop=True)
 
 
@@ -65,12 +72,14 @@ def behaviour(ep) -> dict[tuple[str, str], float | None]:
 
     out, printed = program_result(ep)
     plan, reply = ep.actions[0]["response_text"] or "", ep.actions[2]["response_text"] or ""
-    return {("solver", "plan_quantities"): quantities_used(ep),
-            ("solver", "plan_is_code"): float(extract_code(plan) is not None),
-            ("executor", "code_error"): float(executor_failure(out, printed) is not None),
-            ("verifier", "answer_stated"): float(extract_int(reply) is not None),
-            ("verifier", "answer_format"): float(ANSWER_RE.search(reply) is not None),
-            ("verifier", "faithful"): None if printed is None else float(ep.final_answer == str(printed))}
+    return {
+        ("solver", "plan_quantities"): quantities_used(ep),
+        ("solver", "plan_is_code"): float(extract_code(plan) is not None),
+        ("executor", "code_error"): float(executor_failure(out, printed) is not None),
+        ("verifier", "answer_stated"): float(extract_int(reply) is not None),
+        ("verifier", "answer_format"): float(ANSWER_RE.search(reply) is not None),
+        ("verifier", "faithful"): None if printed is None else float(ep.final_answer == str(printed)),
+    }
 
 
 def agent_rates(run_dir: Path) -> pd.DataFrame:
@@ -82,14 +91,26 @@ def agent_rates(run_dir: Path) -> pd.DataFrame:
     parts = eps[eps["phase"].isin(["rollout", "eval"])].groupby(["iteration", "phase"], sort=True).size().index
     rows = []
     for it, phase in parts:
-        played = [e for e in load_partition_episodes(run_dir, int(it), str(phase))
-                  if not e.infra_error and (phase == "rollout" or e.metrics.get("greedy") == 1.0)]
+        played = [
+            e
+            for e in load_partition_episodes(run_dir, int(it), str(phase))
+            if not e.infra_error and (phase == "rollout" or e.metrics.get("greedy") == 1.0)
+        ]
         values: dict[tuple[str, str], list[float]] = {}
         for e in played:
             for key, v in behaviour(e).items():
                 values.setdefault(key, []).extend([] if v is None else [v])
-        rows += [{"phase": phase, "iteration": int(it), "agent": agent, "rate": rate, "episodes": len(v),
-                  "value": float(np.mean(v)) if v else np.nan} for (agent, rate), v in values.items()]
+        rows += [
+            {
+                "phase": phase,
+                "iteration": int(it),
+                "agent": agent,
+                "rate": rate,
+                "episodes": len(v),
+                "value": float(np.mean(v)) if v else np.nan,
+            }
+            for (agent, rate), v in values.items()
+        ]
     return pd.DataFrame(rows, columns=["phase", "iteration", "agent", "rate", "value", "episodes"])
 
 
@@ -104,8 +125,11 @@ def problems_folder(run_dir: Path, iteration: int, problems: Path) -> Path:
         for f in sorted(run_dir.parent.glob("eval-*")):
             cfg = runs.read_run_config(f) if (f / "config.yaml").exists() else {}
             src, user = cfg.get("source") or {}, cfg.get("problems") or {}
-            if (src.get("iteration") == iteration and Path(src.get("run", "")).resolve() == run_dir.resolve()
-                    and user.get("sha256", {}).get("file") == sha):
+            if (
+                src.get("iteration") == iteration
+                and Path(src.get("run", "")).resolve() == run_dir.resolve()
+                and user.get("sha256", {}).get("file") == sha
+            ):
                 return f
         return None
 
@@ -134,9 +158,11 @@ def write_figures(run_dir: Path, out: Path, name: str, problems: Path = PARAPHRA
     figures = {f"{name}.questions.csv": lambda: question_success(run_dir)}
     if runs.read_run_config(run_dir)["pipeline"]["name"] == "mathchat":
         final = last_iteration(run_dir)
-        figures |= {f"{name}.agents.csv": lambda: agent_rates(run_dir),
-                    f"{name}.paraphrased.csv": lambda: paraphrased(run_dir, final, problems),
-                    "base.paraphrased.csv": lambda: paraphrased(run_dir, 0, problems)}
+        figures |= {
+            f"{name}.agents.csv": lambda: agent_rates(run_dir),
+            f"{name}.paraphrased.csv": lambda: paraphrased(run_dir, final, problems),
+            "base.paraphrased.csv": lambda: paraphrased(run_dir, 0, problems),
+        }
     out.mkdir(parents=True, exist_ok=True)
     for file, make in figures.items():
         if not (out / file).exists():
@@ -148,13 +174,15 @@ def write_figures(run_dir: Path, out: Path, name: str, problems: Path = PARAPHRA
 
 # --- statistics over seeds -------------------------------------------------------------------------------------
 
+
 def paired(a: pd.Series, b: pd.Series) -> np.ndarray:
     """a[q] - b[q] over the problems q (the index: task_id) that have a value in both."""
     return (a - b).dropna().to_numpy(dtype=float)
 
 
-def seed_bootstrap(diffs: list[np.ndarray], n_boot: int = 2000, level: float = 0.95,
-                   seed: int = 0) -> tuple[float, float, float]:
+def seed_bootstrap(
+    diffs: list[np.ndarray], n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """The mean over seeds of each seed's mean paired difference over its problems, with a percentile bootstrap
     interval that resamples the seeds and, within each drawn seed, its problems."""
     # estimate: (1/S) sum_s mean_q d[s][q]; a replicate: S seeds s* drawn with replacement, each with n_s* problems

@@ -5,6 +5,7 @@ A benchmark module defines `run(quick: bool) -> Section`. Figures are medians of
 every comparison is a ratio of two things measured in the same process, one after the other, so a
 busy machine shifts both sides alike. Nothing here asserts a speed: targets are reported, not tested.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,9 @@ class Target:
 
     @property
     def met(self) -> bool:
-        return (self.at_most is None or self.ratio <= self.at_most) and (self.at_least is None or self.ratio >= self.at_least)
+        return (self.at_most is None or self.ratio <= self.at_most) and (
+            self.at_least is None or self.ratio >= self.at_least
+        )
 
     def goal(self) -> str:
         return f"<= {self.at_most}" if self.at_most is not None else f">= {self.at_least}"
@@ -88,9 +91,11 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}, "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads); load average "
-            f"{os.getloadavg()[0]:.1f} (a load above the core count means other work shared the CPUs)")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads); load average "
+        f"{os.getloadavg()[0]:.1f} (a load above the core count means other work shared the CPUs)"
+    )
 
 
 def write_section(readme: Path, title: str, text: str) -> None:

@@ -6,6 +6,7 @@ after training with 95% intervals, per seed and per coach backend (process rewar
 Each run is a separate `teamrl train` process (peak RSS read from the OS). Results are appended to
 benchmarks/demo_results.jsonl and the table is printed as markdown for benchmarks/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,20 @@ def run_one(preset: str, seed: int, backend: str, runs_dir: Path, extra: list[st
     from flows.report import compact, run_table
 
     run_id = f"bench-{preset}-{backend}-s{seed}-{int(time.time())}"
-    cmd = [str(ROOT / ".venv/bin/teamrl"), "train", preset, "--set", f"seed={seed}", "--set",
-           f"coach.backend={backend}", "--set", f"run.dir={runs_dir}", "--set", f"run.id={run_id}", *extra]
+    cmd = [
+        str(ROOT / ".venv/bin/teamrl"),
+        "train",
+        preset,
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"coach.backend={backend}",
+        "--set",
+        f"run.dir={runs_dir}",
+        "--set",
+        f"run.id={run_id}",
+        *extra,
+    ]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"}
     t0 = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -39,10 +52,18 @@ def run_one(preset: str, seed: int, backend: str, runs_dir: Path, extra: list[st
     ev = compact(run_table(runs_dir / run_id))
     ev = ev[ev["phase"] == "eval"]
     a, b = ev.iloc[0], ev.iloc[-1]
-    return {"preset": preset, "seed": seed, "backend": backend, "run_id": run_id, "wall_s": round(wall, 1),
-            "peak_rss_gib": round(max(peak_kb, before) / 2**20, 2),
-            "before": [a["success"], a["ci low"], a["ci high"]], "after": [b["success"], b["ci low"], b["ci high"]],
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "extra": extra}
+    return {
+        "preset": preset,
+        "seed": seed,
+        "backend": backend,
+        "run_id": run_id,
+        "wall_s": round(wall, 1),
+        "peak_rss_gib": round(max(peak_kb, before) / 2**20, 2),
+        "before": [a["success"], a["ci low"], a["ci high"]],
+        "after": [b["success"], b["ci low"], b["ci high"]],
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "extra": extra,
+    }
 
 
 def record(out: Path, row: dict) -> None:
@@ -64,15 +85,19 @@ def main() -> None:
     rows = []
     for backend in args.backends:
         for seed in args.seeds:
-            r = run_one(args.preset, seed, backend, Path(args.runs_dir), [x for kv in args.extra for x in ("--set", kv)])
+            r = run_one(
+                args.preset, seed, backend, Path(args.runs_dir), [x for kv in args.extra for x in ("--set", kv)]
+            )
             rows.append(r)
             record(out, r)
     print("\n| backend | seed | untrained success [95% CI] | trained success [95% CI] | change | wall | peak RSS |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         (a, al, ah), (b, bl, bh) = r["before"], r["after"]
-        print(f"| {r['backend']} | {r['seed']} | {a:.2f} [{al:.2f}, {ah:.2f}] | {b:.2f} [{bl:.2f}, {bh:.2f}] | "
-              f"{100 * (b - a):+.0f} pp | {r['wall_s'] / 60:.1f} min | {r['peak_rss_gib']:.1f} GiB |")
+        print(
+            f"| {r['backend']} | {r['seed']} | {a:.2f} [{al:.2f}, {ah:.2f}] | {b:.2f} [{bl:.2f}, {bh:.2f}] | "
+            f"{100 * (b - a):+.0f} pp | {r['wall_s'] / 60:.1f} min | {r['peak_rss_gib']:.1f} GiB |"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Measures the code on PYTHONPATH, so a before/after compares two checkouts:
 The process's peak RSS (ru_maxrss) is read before and after the call; the difference is what the
 generation added on top of the loaded model.
 """
+
 import resource
 import time
 
@@ -19,8 +20,10 @@ from infra.models import ModelConfig
 from infra.policy import TeamPolicy
 
 policy = TeamPolicy(ModelConfig(name="smollm2-135m-instruct"), ["a"], seed=0)
-prompts = [encode_chat(policy.tokenizer, [{"role": "user", "content": f"Tell a long story about the number {i}."}])
-           for i in range(16)]
+prompts = [
+    encode_chat(policy.tokenizer, [{"role": "user", "content": f"Tell a long story about the number {i}."}])
+    for i in range(16)
+]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with policy.acting("a") as model:
     torch.manual_seed(0)
@@ -28,5 +31,7 @@ with policy.acting("a") as model:
     gens = generate(model, policy.tokenizer, prompts, 128, temperature=1.0, batch_size=16, stop_ids=[-1])
     seconds = time.perf_counter() - t0
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(f"{sum(len(g.response_ids) for g in gens)} tokens in {seconds:.1f} s; peak RSS {before // 1024} MiB with the "
-      f"model, {after // 1024} MiB after generating (+{(after - before) // 1024} MiB)")
+print(
+    f"{sum(len(g.response_ids) for g in gens)} tokens in {seconds:.1f} s; peak RSS {before // 1024} MiB with the "
+    f"model, {after // 1024} MiB after generating (+{(after - before) // 1024} MiB)"
+)

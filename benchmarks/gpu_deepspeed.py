@@ -8,6 +8,7 @@ and peak GPU memory; checks the other agent's weights were not touched.
 
     python3 benchmarks/gpu_deepspeed.py --weights lora     # on a GPU machine with deepspeed installed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,14 +56,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
-    cfg = ModelConfig(name="tiny", weights=args.weights, tiny_hidden=args.hidden, tiny_layers=args.layers,
-                      tiny_heads=args.hidden // 64, tiny_intermediate=int(args.hidden * 2.75), lora_rank=16,
-                      lora_alpha=32)
+    cfg = ModelConfig(
+        name="tiny",
+        weights=args.weights,
+        tiny_hidden=args.hidden,
+        tiny_layers=args.layers,
+        tiny_heads=args.hidden // 64,
+        tiny_intermediate=int(args.hidden * 2.75),
+        lora_rank=16,
+        lora_alpha=32,
+    )
     policy = TeamPolicy(cfg, ["a", "b"], seed=0, device="cuda")
     data = items(args.items, 192, 64, len(policy.tokenizer))
     tokens = sum(len(it.response_ids) for it in data)
-    hyper = dict(lr=1e-4, weight_decay=0.01, epochs=1, minibatch_size=8, max_grad_norm=1.0, seed=0,
-                 micro_batch_size=4)
+    hyper = dict(lr=1e-4, weight_decay=0.01, epochs=1, minibatch_size=8, max_grad_norm=1.0, seed=0, micro_batch_size=4)
     loss = partial(ppo_clip_loss, clip_eps=0.2)
     w0 = [p.detach().clone() for p in policy.parameters("a")]
     other = [p.detach().clone() for p in policy.parameters("b")]
@@ -86,24 +93,37 @@ def main() -> None:
             with policy.materialized("a"):
                 after = [p.detach().clone() for p in policy.parameters("a")]
         sec = statistics.median(times)
-        return {"trainer": name, "loss": res.loss, "skipped": res.skipped, "seconds_per_update": round(sec, 3),
-                "trained_tokens_per_s": round(tokens / sec, 1),
-                "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}, after
+        return {
+            "trainer": name,
+            "loss": res.loss,
+            "skipped": res.skipped,
+            "seconds_per_update": round(sec, 3),
+            "trained_tokens_per_s": round(tokens / sec, 1),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        }, after
 
     rows = []
     row, w_torch = run("torch", lambda: train_agent(policy, "a", data, loss, **hyper))
     rows.append(row | {"max_abs_diff_vs_torch": 0.0})
     for stage in (0, 3):
-        trainer = DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed",
-                                                 deepspeed=DeepSpeedConfig(zero_stage=stage)))
-        row, w = run(f"deepspeed-zero{stage}", lambda: trainer.train(policy, "a", data, loss, **hyper))
+        trainer = DeepSpeedTrainer(
+            EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=stage))
+        )
+        row, w = run(f"deepspeed-zero{stage}", lambda: trainer.train(policy, "a", data, loss, **hyper))  # noqa: B023 (run at once)
         diff = max(float((a - b).abs().max()) for a, b in zip(w_torch, w))
         rows.append(row | {"max_abs_diff_vs_torch": diff})
     with policy.materialized("b"):
         untouched = all(torch.equal(a, b) for a, b in zip(other, policy.parameters("b")))
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": args.weights,
-           "model": f"random Llama hidden {args.hidden}, {args.layers} layers, vocab {len(policy.tokenizer)}",
-           "items": args.items, "trained_tokens": tokens, "other_agent_untouched": untouched, "rows": rows}
+    out = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "weights": args.weights,
+        "model": f"random Llama hidden {args.hidden}, {args.layers} layers, vocab {len(policy.tokenizer)}",
+        "items": args.items,
+        "trained_tokens": tokens,
+        "other_agent_untouched": untouched,
+        "rows": rows,
+    }
     print(json.dumps(out, indent=1))
     Path(os.environ.get("OUT", "."), f"gpu_deepspeed_{args.weights}.json").write_text(json.dumps(out, indent=1))
 

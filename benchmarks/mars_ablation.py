@@ -7,6 +7,7 @@ F1 before and after training (greedy), and averaged over the training rollouts: 
 episode, System-1 compression (raw tokens in / extracted tokens out), FFD bins vs the lower bound
 ceil(sum of lengths / capacity), System 2's context tokens. Rows go to benchmarks/mars_results.jsonl.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,18 @@ def summary(run_dir: Path) -> dict:
     def col(frame, name):
         return frame[name].round(3).tolist() if name in frame else []
 
-    out = {"eval_iterations": ev["iteration"].tolist(), "eval_em": col(ev, "success_rate"),
-           "eval_f1": col(ev, "episode/f1"), "train_f1": col(ro, "episode/f1")}
-    for k in ("episode/tool_calls", "system1/compression", "system1/bins_over_lower_bound",
-              "episode/s2_context_tokens"):
+    out = {
+        "eval_iterations": ev["iteration"].tolist(),
+        "eval_em": col(ev, "success_rate"),
+        "eval_f1": col(ev, "episode/f1"),
+        "train_f1": col(ro, "episode/f1"),
+    }
+    for k in (
+        "episode/tool_calls",
+        "system1/compression",
+        "system1/bins_over_lower_bound",
+        "episode/s2_context_tokens",
+    ):
         out[k] = float(ro[k].mean()) if k in ro and ro[k].notna().any() else None
     return out
 
@@ -57,16 +66,20 @@ def main() -> None:
     def fmt(x, spec=".2f"):
         return "-" if x is None else format(x, spec)
 
-    print("\n| variant | held-out EM before -> after [95% CI] | held-out F1 before -> after | tool calls / episode "
-          "| System-1 compression | bins / lower bound | System-2 context tokens | wall |")
+    print(
+        "\n| variant | held-out EM before -> after [95% CI] | held-out F1 before -> after | tool calls / episode "
+        "| System-1 compression | bins / lower bound | System-2 context tokens | wall |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         (a, _, _), (b, lo, hi) = r["before"], r["after"]
         f = r["eval_f1"]
-        print(f"| {r['variant']} | {a:.2f} -> {b:.2f} [{lo:.2f}, {hi:.2f}] | {fmt(f[0])} -> {fmt(f[-1])} | "
-              f"{fmt(r['episode/tool_calls'])} | {fmt(r['system1/compression'], '.1f')} | "
-              f"{fmt(r['system1/bins_over_lower_bound'])} | {fmt(r['episode/s2_context_tokens'], '.0f')} | "
-              f"{r['wall_s'] / 60:.1f} min |")
+        print(
+            f"| {r['variant']} | {a:.2f} -> {b:.2f} [{lo:.2f}, {hi:.2f}] | {fmt(f[0])} -> {fmt(f[-1])} | "
+            f"{fmt(r['episode/tool_calls'])} | {fmt(r['system1/compression'], '.1f')} | "
+            f"{fmt(r['system1/bins_over_lower_bound'])} | {fmt(r['episode/s2_context_tokens'], '.0f')} | "
+            f"{r['wall_s'] / 60:.1f} min |"
+        )
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ What this isolates, and simplifications (stated, not hidden):
 - The compounding needs a context that remembers: `--sweep-rewrite` refits both exponents for several
   rewrite probabilities (a context rewritten often forgets earlier agents' shifts).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,9 @@ class Team(NamedTuple):
     tokens: int  # tokens per message
 
 
-def random_team(rng: np.random.Generator, n: int, states: int, actions: int, tokens: int,
-                rewrite: float) -> tuple[Team, np.ndarray]:
+def random_team(
+    rng: np.random.Generator, n: int, states: int, actions: int, tokens: int, rewrite: float
+) -> tuple[Team, np.ndarray]:
     """A seeded team of n agents and its initial policies (n, K, m)."""
     rho0 = rng.dirichlet(np.ones(states))
     k = rewrite * rng.uniform(size=(n, states, actions, 1))
@@ -227,7 +229,7 @@ def measure(args: argparse.Namespace, rewrite: float) -> dict:
         full, pi = random_team(np.random.default_rng(j), args.n_max, args.states, args.actions, args.tokens, rewrite)
         for r, n in enumerate(ns):
             team, pi_n = prefix(full, pi, n)
-            out["adv 1"][r, j] = np.abs(advantages(team, pi_n)[0][:args.tokens]).max()  # agent 1's largest |A|
+            out["adv 1"][r, j] = np.abs(advantages(team, pi_n)[0][: args.tokens]).max()  # agent 1's largest |A|
             for name, mid in (("stale", False), ("TeamTR", True)):
                 errors, gain = stage(team, pi_n, args.delta, mid)
                 out[name][r, j], out[f"gain {name}"][r, j] = penalty(errors), gain
@@ -243,44 +245,76 @@ def report(args: argparse.Namespace) -> str:
     sweep = []
     for rw in args.sweep_rewrite:
         other = res if rw == args.rewrite else measure(args, rw)
-        sweep.append((rw, fit_alpha(ns, other["stale"].mean(1)), fit_alpha(ns, other["TeamTR"].mean(1)),
-                      other["stale"][-1].mean() / other["TeamTR"][-1].mean()))
+        sweep.append(
+            (
+                rw,
+                fit_alpha(ns, other["stale"].mean(1)),
+                fit_alpha(ns, other["TeamTR"].mean(1)),
+                other["stale"][-1].mean() / other["TeamTR"][-1].mean(),
+            )
+        )
     wall = time.perf_counter() - t0
     stale, teamtr = res["stale"].mean(1), res["TeamTR"].mean(1)
     ratio = stale / teamtr
 
     command = " ".join([".venv/bin/python benchmarks/occupancy_scaling.py", *sys.argv[1:]])
     lines = [
-        SECTION, "",
-        (f"Command: `{command}` (exact dynamic programming in numpy, no sampling; {wall:.1f} s on "
-         f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}). Definitions and simplifications: "
-         "the module docstring."),
+        SECTION,
         "",
-        (f"Settings: n = 2..{args.n_max} agents taking turns, {args.tokens} tokens per message, {args.states} context "
-         f"states, {args.actions} actions, rewrite probability <= {args.rewrite} per token, outcome reward in [0, 1], "
-         f"per-state trust region KL = {args.delta}, one update per agent in turn order; mean over {args.seeds} seeded "
-         "teams (a team of n is the first n agents of each seeded team). Penalty = sum over the stage's updates of "
-         "|surrogate gain - true improvement of J|."),
+        (
+            f"Command: `{command}` (exact dynamic programming in numpy, no sampling; {wall:.1f} s on "
+            f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}). Definitions and simplifications: "
+            "the module docstring."
+        ),
+        "",
+        (
+            f"Settings: n = 2..{args.n_max} agents taking turns, {args.tokens} tokens per message, "
+            f"{args.states} context states, {args.actions} actions, rewrite probability <= {args.rewrite} per "
+            f"token, outcome reward in [0, 1], per-state trust region KL = {args.delta}, one update per agent in "
+            f"turn order; mean over {args.seeds} seeded "
+            "teams (a team of n is the first n agents of each seeded team). Penalty = sum over the stage's updates of "
+            "|surrogate gain - true improvement of J|."
+        ),
         "",
         "| n | penalty stale | penalty TeamTR | ratio stale/TeamTR | true stage gain stale / TeamTR |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| {n} | {stale[r]:.3e} | {teamtr[r]:.3e} | {ratio[r]:.2f} | {res['gain stale'][r].mean():.4f} / "
-              f"{res['gain TeamTR'][r].mean():.4f} |" for r, n in enumerate(ns)]
-    lines += ["", ("Fitted growth exponent alpha (penalty ~ c n^alpha, log-log least squares on the means; "
-                   f"95% bootstrap interval over the teams, {args.bootstrap} draws):"), ""]
-    lines += [f"- {k}: alpha = {a:.2f} [{lo:.2f}, {hi:.2f}] (paper: {PAPER_ALPHA[k]})"
-              for k, (a, lo, hi) in alpha.items()]
-    lines += ["", (f"Reading: the ratio stale/TeamTR goes from {ratio[0]:.1f} at n = 2 to {ratio[-1]:.1f} at "
-                   f"n = {ns[-1]} (alpha gap {alpha['stale'][0] - alpha['TeamTR'][0]:.2f}; theory: 1, stale compounds "
-                   "one more power of n). The theory holds the advantage bound fixed; here an early agent's influence "
-                   "on the [0, 1] outcome fades as more agents write after it (agent 1's largest |advantage|: "
-                   f"{res['adv 1'][0].mean():.4f} at n = 2, {res['adv 1'][-1].mean():.4f} at n = {ns[-1]}), so its "
-                   "share of the penalty shrinks with n, which pulls both exponents down. The gap is exact and second "
-                   "order in the step (about proportional to delta), the theorem's penalty a bound proportional to "
-                   "sqrt(delta): only the exponents compare.")]
-    lines += ["", "How the exponents depend on the context's memory (same settings, other rewrite probabilities):", "",
-              f"| rewrite probability <= | alpha stale | alpha TeamTR | ratio at n = {ns[-1]} |", "|---|---|---|---|"]
+    lines += [
+        f"| {n} | {stale[r]:.3e} | {teamtr[r]:.3e} | {ratio[r]:.2f} | {res['gain stale'][r].mean():.4f} / "
+        f"{res['gain TeamTR'][r].mean():.4f} |"
+        for r, n in enumerate(ns)
+    ]
+    lines += [
+        "",
+        (
+            "Fitted growth exponent alpha (penalty ~ c n^alpha, log-log least squares on the means; "
+            f"95% bootstrap interval over the teams, {args.bootstrap} draws):"
+        ),
+        "",
+    ]
+    lines += [
+        f"- {k}: alpha = {a:.2f} [{lo:.2f}, {hi:.2f}] (paper: {PAPER_ALPHA[k]})" for k, (a, lo, hi) in alpha.items()
+    ]
+    lines += [
+        "",
+        (
+            f"Reading: the ratio stale/TeamTR goes from {ratio[0]:.1f} at n = 2 to {ratio[-1]:.1f} at "
+            f"n = {ns[-1]} (alpha gap {alpha['stale'][0] - alpha['TeamTR'][0]:.2f}; theory: 1, stale compounds "
+            "one more power of n). The theory holds the advantage bound fixed; here an early agent's influence "
+            "on the [0, 1] outcome fades as more agents write after it (agent 1's largest |advantage|: "
+            f"{res['adv 1'][0].mean():.4f} at n = 2, {res['adv 1'][-1].mean():.4f} at n = {ns[-1]}), so its "
+            "share of the penalty shrinks with n, which pulls both exponents down. The gap is exact and second "
+            "order in the step (about proportional to delta), the theorem's penalty a bound proportional to "
+            "sqrt(delta): only the exponents compare."
+        ),
+    ]
+    lines += [
+        "",
+        "How the exponents depend on the context's memory (same settings, other rewrite probabilities):",
+        "",
+        f"| rewrite probability <= | alpha stale | alpha TeamTR | ratio at n = {ns[-1]} |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {rw} | {a_stale:.2f} | {a_teamtr:.2f} | {last:.2f} |" for rw, a_stale, a_teamtr, last in sweep]
     return "\n".join(lines) + "\n"
 
@@ -294,8 +328,13 @@ def main() -> None:
     ap.add_argument("--states", type=int, default=6, help="context states K")
     ap.add_argument("--actions", type=int, default=4, help="actions (token values) m")
     ap.add_argument("--rewrite", type=float, default=0.05, help="max probability that a token rewrites the context")
-    ap.add_argument("--sweep-rewrite", type=float, nargs="+", default=[0.01, 0.05, 0.2, 0.5],
-                    help="rewrite probabilities for the exponent-vs-memory table")
+    ap.add_argument(
+        "--sweep-rewrite",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.05, 0.2, 0.5],
+        help="rewrite probabilities for the exponent-vs-memory table",
+    )
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws for the alpha intervals")
     ap.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap")
     ap.add_argument("--write", action="store_true", help="replace (or append) this section of benchmarks/README.md")

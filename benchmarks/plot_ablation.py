@@ -6,6 +6,7 @@ Left: success of the sampled training rollouts per iteration (8 questions x 4 ep
 held-out greedy success before and after training with its 95% bootstrap interval. One line per run,
 coloured by coach backend.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,18 @@ def main() -> None:
         t = compact(run_table(Path(args.runs_dir) / rid))
         roll, ev = t[t["phase"] == "rollout"], t[t["phase"] == "eval"]
         label = f"{backend}, seed {seed}"
-        train_ax.plot(roll["iteration"], roll["success"], marker="o", color=COLORS.get(backend), label=label,
-                      alpha=0.8)
+        train_ax.plot(roll["iteration"], roll["success"], marker="o", color=COLORS.get(backend), label=label, alpha=0.8)
         x = ev["iteration"] + 0.08 * i
-        eval_ax.errorbar(x, ev["success"], yerr=[ev["success"] - ev["ci low"], ev["ci high"] - ev["success"]],
-                         marker="o", capsize=3, color=COLORS.get(backend), label=label, alpha=0.8)
+        eval_ax.errorbar(
+            x,
+            ev["success"],
+            yerr=[ev["success"] - ev["ci low"], ev["ci high"] - ev["success"]],
+            marker="o",
+            capsize=3,
+            color=COLORS.get(backend),
+            label=label,
+            alpha=0.8,
+        )
     train_ax.set(title="training rollouts (sampled, 32 per iteration)", xlabel="iteration", ylabel="success")
     eval_ax.set(title="held-out, greedy (100 problems, 95% CI)", xlabel="policy iteration", ylabel="success")
     for ax in (train_ax, eval_ax):

@@ -6,6 +6,7 @@
 Run it with PYTHONPATH=<checkout> to count another commit's calls (bench_orchestration.py times the same
 calls inside its iterations, from this commit on).
 """
+
 import statistics
 import tempfile
 import time
@@ -23,12 +24,14 @@ from tasks import context
 
 spent: list[float] = []
 for name in ("create_progress_artifact", "update_progress_artifact"):  # infra/progress.py imports them per call
+
     def timed(*args, _fn=getattr(prefect.artifacts, name), **kwargs):
         t0 = time.perf_counter()
         try:
             return _fn(*args, **kwargs)
         finally:
             spent.append(time.perf_counter() - t0)
+
     setattr(prefect.artifacts, name, timed)
 
 
@@ -54,5 +57,7 @@ for a in (a.name for a in context.pipeline(rd).agents):
     policy.save(rd, a, 0)
 with prefect_test_harness(server_startup_timeout=120):
     per = iterations(rd)
-print(f"progress-artifact calls per iteration: {statistics.median(c for c, _ in per):g}, "
-      f"{statistics.median(s for _, s in per) * 1000:.1f} ms (median of {len(per)} iterations)")
+print(
+    f"progress-artifact calls per iteration: {statistics.median(c for c, _ in per):g}, "
+    f"{statistics.median(s for _, s in per) * 1000:.1f} ms (median of {len(per)} iterations)"
+)

@@ -7,6 +7,7 @@ common.py). They run one after the other in this process; one that fails is repo
 with the error, and the others still run. Run it on a quiet machine: the figures are medians and
 ratios measured in the same run, but a busy machine still blurs them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,11 @@ def run_one(name: str, quick: bool) -> tuple[Section, float]:
     try:
         section = importlib.import_module(f"benchmarks.bench_{name}").run(quick=quick)
     except Exception as e:  # reported in RESULTS.md: one missing dependency must not hide the other figures
-        section = Section(title=f"{name}: FAILED", command=f".venv/bin/python -m benchmarks.bench_{name}",
-                          notes=[f"`{type(e).__name__}: {e}`", "```\n" + traceback.format_exc(limit=3) + "```"])
+        section = Section(
+            title=f"{name}: FAILED",
+            command=f".venv/bin/python -m benchmarks.bench_{name}",
+            notes=[f"`{type(e).__name__}: {e}`", "```\n" + traceback.format_exc(limit=3) + "```"],
+        )
     return section, time.perf_counter() - t0
 
 
@@ -44,13 +48,20 @@ def main() -> None:
         section, seconds = run_one(name, a.quick)
         print(section.markdown(), flush=True)
         parts.append(section.markdown() + f"\n_{seconds:.0f} s_\n")
-    head = ["# Performance results (`make bench`)", "",
-            f"Written by `.venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}"
-            f"{' --only ' + ' '.join(a.only) if a.only != BENCHES else ''}` on "
-            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.", "", f"Machine at the start: {start}.",
-            f"At the end: {machine()}.", "",
-            "Figures are medians of repeated runs; each ratio compares two things measured in the same run. "
-            "How each is measured: the module docstring of `benchmarks/bench_<name>.py`.", ""]
+    head = [
+        "# Performance results (`make bench`)",
+        "",
+        f"Written by `.venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}"
+        f"{' --only ' + ' '.join(a.only) if a.only != BENCHES else ''}` on "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
+        "",
+        f"Machine at the start: {start}.",
+        f"At the end: {machine()}.",
+        "",
+        "Figures are medians of repeated runs; each ratio compares two things measured in the same run. "
+        "How each is measured: the module docstring of `benchmarks/bench_<name>.py`.",
+        "",
+    ]
     a.out.write_text("\n".join(head) + "\n" + "\n".join(parts))
     print(f"wrote {a.out}")
 

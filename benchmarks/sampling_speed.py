@@ -6,6 +6,7 @@ stop token) on SmolLM2-135M with a LoRA adapter, one thread, median of 5 calls a
 
 Run it with PYTHONPATH=<checkout> to time another commit's `generate` (`acting` exists in every one).
 """
+
 import statistics
 import sys
 import threading
@@ -20,8 +21,10 @@ from infra.policy import TeamPolicy
 
 torch.set_num_threads(1)
 policy = TeamPolicy(ModelConfig(name="smollm2-135m-instruct"), ["solver"], seed=0)
-chats = [[{"role": "user", "content": q}] for q in ("Write a short story about a cat who learns to swim.",
-                                                     "Explain how a bicycle works to a child.")]
+chats = [
+    [{"role": "user", "content": q}]
+    for q in ("Write a short story about a cat who learns to swim.", "Explain how a bicycle works to a child.")
+]
 prompts = [encode_chat(policy.tokenizer, c) for c in chats for _ in range(4)]
 weights = getattr(policy, sys.argv[1])
 me, peak, done = psutil.Process(), [0], threading.Event()
@@ -42,6 +45,8 @@ for i in range(6):
         generate(model, policy.tokenizer, prompts, 32, temperature=1.0, stop_ids=[-1])
     seconds.append(time.perf_counter() - t0)
 done.set()
-grown = (peak[0] - loaded) / 2 ** 20
-print(f"{sys.argv[1]}: median {statistics.median(seconds[1:]):.2f} s of "
-      f"{[round(s, 2) for s in seconds[1:]]}; peak RSS +{grown:.0f} MiB over the loaded model")
+grown = (peak[0] - loaded) / 2**20
+print(
+    f"{sys.argv[1]}: median {statistics.median(seconds[1:]):.2f} s of "
+    f"{[round(s, 2) for s in seconds[1:]]}; peak RSS +{grown:.0f} MiB over the loaded model"
+)

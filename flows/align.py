@@ -15,6 +15,7 @@ a new agent on the run's own base model (a fresh LoRA adapter, or a fresh copy o
 
 Rerunning it finishes an interrupted alignment; finished steps are skipped.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,9 +40,9 @@ class AlignError(ValueError):
 
 @dataclass
 class Plan:
-    iteration: int             # K: the latest finished iteration; its rollouts are the probe set
-    team: dict[str, int]       # the team's versions before the swap
-    version_after: int         # the aligned agent's new version
+    iteration: int  # K: the latest finished iteration; its rollouts are the probe set
+    team: dict[str, int]  # the team's versions before the swap
+    version_after: int  # the aligned agent's new version
 
 
 def plan(run_dir: str, cfg: AlignConfig) -> Plan:
@@ -53,18 +54,24 @@ def plan(run_dir: str, cfg: AlignConfig) -> Plan:
     unit = context.weights(run_dir)[agent]
     if (shared := context.roles_of(run_dir, unit)) != [agent]:
         others = ", ".join(r for r in shared if r != agent)
-        raise AlignError(f"{agent} of run {name!r} shares its weights {unit!r} with {others}: "
-                         "swapping one role of a shared model would swap them all; Stage-0 aligns an agent "
-                         "with weights of its own (e.g. pipeline.shared_model=false)")
+        raise AlignError(
+            f"{agent} of run {name!r} shares its weights {unit!r} with {others}: "
+            "swapping one role of a shared model would swap them all; Stage-0 aligns an agent "
+            "with weights of its own (e.g. pipeline.shared_model=false)"
+        )
     k = latest_rollout_iteration(run_dir)
     if k is None:
-        raise AlignError(f"run {name!r} has no training rollouts yet: the probe set is the contexts the team "
-                         f"produced at {agent}'s turns, so train at least one iteration first")
+        raise AlignError(
+            f"run {name!r} has no training rollouts yet: the probe set is the contexts the team "
+            f"produced at {agent}'s turns, so train at least one iteration first"
+        )
     up = store.read_table(run_dir, "updates", k)
     missing = sorted(set(agents) - set(up.loc[up["strategy"] != "stage0", "agent"]))
     if missing:
-        raise AlignError(f"iteration {k} of run {name!r} is unfinished ({', '.join(missing)} not updated yet): "
-                         f"finish it with `teamrl train PRESET --resume {name}` first")
+        raise AlignError(
+            f"iteration {k} of run {name!r} is unfinished ({', '.join(missing)} not updated yet): "
+            f"finish it with `teamrl train PRESET --resume {name}` first"
+        )
     if not probe_set(run_dir, k, agent, cfg.probe_size):
         raise AlignError(f"{agent} has no actions with a response in iteration {k}'s rollouts: no probe set")
     team = store.agent_versions(run_dir, agents, k)
@@ -74,8 +81,10 @@ def plan(run_dir: str, cfg: AlignConfig) -> Plan:
         earlier = checkpoint_meta(run_dir, agent, int(done["version_after"].iloc[0]))["options"]
         changed = [f"{o}={earlier[o]!r} (now {v!r})" for o, v in cfg.model_dump(mode="json").items() if earlier[o] != v]
         if changed:
-            raise AlignError(f"{agent} of run {name!r} was already aligned at iteration {k} with other options: "
-                             f"{', '.join(changed)}; train further before swapping it again")
+            raise AlignError(
+                f"{agent} of run {name!r} was already aligned at iteration {k} with other options: "
+                f"{', '.join(changed)}; train further before swapping it again"
+            )
     return Plan(k, team, team[agent] + 1)
 
 
@@ -116,26 +125,56 @@ def align(run_dir: str, config: AlignConfig) -> dict:
         meta = stage0_align(run_dir, k, p.team[agent], config)
         aligned = evaluate_team(run_dir, k, aligned_phase, p.team | {agent: p.version_after})
         before = before_swap(run_dir, k, p.team)
-        row = {"run_id": context.value(run_dir, "run_id"), "iteration": k, "phase": "align", "agent": agent,
-               "init": config.init, "version_before": p.team[agent], "version_after": p.version_after,
-               "delta0": config.delta0, "success_before": None if before is None else before["success_rate"],
-               "success_swap": swapped["success_rate"], "success_aligned": aligned["success_rate"]}
-        row |= {c: meta[c] for c in ("probe_actions", "probe_tokens", "lr", "kl_before", "kl_after", "steps",
-                                     "converged", "seconds")}
+        row = {
+            "run_id": context.value(run_dir, "run_id"),
+            "iteration": k,
+            "phase": "align",
+            "agent": agent,
+            "init": config.init,
+            "version_before": p.team[agent],
+            "version_after": p.version_after,
+            "delta0": config.delta0,
+            "success_before": None if before is None else before["success_rate"],
+            "success_swap": swapped["success_rate"],
+            "success_aligned": aligned["success_rate"],
+        }
+        row |= {
+            c: meta[c]
+            for c in ("probe_actions", "probe_tokens", "lr", "kl_before", "kl_after", "steps", "converged", "seconds")
+        }
         store.write_partition(run_dir, "align", k, "align", [row], name=agent)
         settings = context.section(run_dir, "run", RunSettings)
-        tracker = Tracker(run_dir, Path(run_dir).parent, settings.experiment, settings.tracking_uri,
-                          runs.read_run_config(run_dir), enabled=settings.mlflow)
+        tracker = Tracker(
+            run_dir,
+            Path(run_dir).parent,
+            settings.experiment,
+            settings.tracking_uri,
+            runs.read_run_config(run_dir),
+            enabled=settings.mlflow,
+        )
         metrics = {f"stage0_{c}/{agent}": meta[c] for c in ("kl_before", "kl_after", "steps")}
         metrics |= {f"{swap_phase}/{m}": v for m, v in swapped.items()}
         metrics |= {f"{aligned_phase}/{m}": v for m, v in aligned.items()}
         tracker.log_metrics(metrics, step=k)
         tracker.finish()
-    logger.info("stage-0 %s at iteration %d: KL %.4g -> %.4g in %d steps; held-out success %s -> swap %.3f -> "
-                "aligned %.3f", agent, k, meta["kl_before"], meta["kl_after"], meta["steps"],
-                "-" if before is None else f"{before['success_rate']:.3f}", swapped["success_rate"],
-                aligned["success_rate"])
-    return {"run_dir": run_dir, "iteration": k, "agent": agent, "team": p.team, "version_after": p.version_after,
-            "delta0": config.delta0, **{c: meta[c] for c in ("kl_before", "kl_after", "steps", "converged",
-                                                              "probe_actions", "probe_tokens")},
-            "eval": {"eval": before, swap_phase: swapped, aligned_phase: aligned}}
+    logger.info(
+        "stage-0 %s at iteration %d: KL %.4g -> %.4g in %d steps; held-out success %s -> swap %.3f -> aligned %.3f",
+        agent,
+        k,
+        meta["kl_before"],
+        meta["kl_after"],
+        meta["steps"],
+        "-" if before is None else f"{before['success_rate']:.3f}",
+        swapped["success_rate"],
+        aligned["success_rate"],
+    )
+    return {
+        "run_dir": run_dir,
+        "iteration": k,
+        "agent": agent,
+        "team": p.team,
+        "version_after": p.version_after,
+        "delta0": config.delta0,
+        **{c: meta[c] for c in ("kl_before", "kl_after", "steps", "converged", "probe_actions", "probe_tokens")},
+        "eval": {"eval": before, swap_phase: swapped, aligned_phase: aligned},
+    }

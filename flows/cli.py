@@ -1,4 +1,5 @@
 """The `teamrl` command line: train, eval, align, runs list / show."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,11 @@ from rich.table import Table
 from flows.config import ConfigError, load_config, preset_names, validate
 from tasks.align import AlignConfig
 
-app = typer.Typer(help="Fine-tune teams of LLM agents with reinforcement learning.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Fine-tune teams of LLM agents with reinforcement learning.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 console = Console(width=None if os.isatty(1) else 160)
@@ -54,8 +58,11 @@ def train(
     preset: str = typer.Argument(..., help=f"preset name ({', '.join(preset_names())}) or a YAML file"),
     overrides: list[str] | None = typer.Argument(None, help="more key=value overrides"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a config field: --set seed=3"),
-    resume: str | None = typer.Option(None, "--resume", help="finish run RUN_ID (its saved config is used; "
-                                         "--set iterations=N trains it on to N iterations)"),
+    resume: str | None = typer.Option(
+        None,
+        "--resume",
+        help="finish run RUN_ID (its saved config is used; --set iterations=N trains it on to N iterations)",
+    ),
 ):
     """Train a team with a preset (or YAML file), e.g. `teamrl train tiny --set iterations=2`."""
     try:
@@ -76,8 +83,9 @@ def train(
     finish = f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}`"
     try:
         with _flow_session():
-            run_dir = train_flow(config=cfg, resume=resume,
-                                 iterations=cfg.iterations if resume and "iterations" in keys else None)
+            run_dir = train_flow(
+                config=cfg, resume=resume, iterations=cfg.iterations if resume and "iterations" in keys else None
+            )
     except KeyboardInterrupt:
         _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
     except (FileExistsError, FileNotFoundError, RunConfigError, RunLockedError, RunShrinkError) as e:
@@ -88,8 +96,11 @@ def train(
         import traceback
 
         traceback.print_exc()
-        _fail(f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with {finish}, "
-              "or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.", code=1)
+        _fail(
+            f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with {finish}, "
+            "or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.",
+            code=1,
+        )
     console.print(f"[green]run finished:[/] {run_dir}")
     _show_table(run_table(run_dir), Path(run_dir).name)
     _before_after(Path(run_dir))
@@ -110,32 +121,50 @@ def _before_after(run_dir: Path) -> None:
     ev = ev[ev["phase"] == "eval"]
     if len(ev) >= 2:
         a, b = ev.iloc[0], ev.iloc[-1]
-        console.print(f"held-out success (greedy, 95% CI): [bold]{a['success']:.3f}[/] [{a['ci low']:.3f}, "
-                      f"{a['ci high']:.3f}] untrained -> [bold]{b['success']:.3f}[/] [{b['ci low']:.3f}, "
-                      f"{b['ci high']:.3f}] after {int(b['iteration'])} iterations")
+        console.print(
+            f"held-out success (greedy, 95% CI): [bold]{a['success']:.3f}[/] [{a['ci low']:.3f}, "
+            f"{a['ci high']:.3f}] untrained -> [bold]{b['success']:.3f}[/] [{b['ci low']:.3f}, "
+            f"{b['ci high']:.3f}] after {int(b['iteration'])} iterations"
+        )
     if len(ev) >= 3:
         from tasks.evaluation import regressions
 
-        console.print(f"held-out curve: {' -> '.join(f'{v:.3f}' for v in ev['success'])} "
-                      f"({regressions(ev['success'])} regressions)")
+        console.print(
+            f"held-out curve: {' -> '.join(f'{v:.3f}' for v in ev['success'])} "
+            f"({regressions(ev['success'])} regressions)"
+        )
     if (run_dir / "summary.png").exists():
         console.print(f"plot: {run_dir / 'summary.png'}")
 
 
 @app.command("eval")
 def eval_cmd(
-    run_id: str | None = typer.Argument(None, help="run id (or run folder); with --model: the team the models "
-                                           "join (default: the run that registered the first one)"),
+    run_id: str | None = typer.Argument(
+        None,
+        help="run id (or run folder); with --model: the team the models "
+        "join (default: the run that registered the first one)",
+    ),
     iteration: int | None = typer.Option(None, help="policy iteration to evaluate (default: the latest)"),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
-    model: list[str] | None = typer.Option(None, "--model", help="an agent from the MLflow registry, e.g. "
-                                              "models:/mathchat-smol-solver@best (repeat for more agents)"),
+    model: list[str] | None = typer.Option(
+        None,
+        "--model",
+        help="an agent from the MLflow registry, e.g. models:/mathchat-smol-solver@best (repeat for more agents)",
+    ),
     tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default: sqlite:///<dir>/mlflow.db)"),
-    problems: Path | None = typer.Option(None, "--problems", help="your own problems, a JSONL file in the run's "
-                                            "pipeline's format (README: `Evaluate on your own problems`), played in "
-                                            "place of the held-out split in a new run folder `eval-...`"),
-    docs: Path | None = typer.Option(None, "--docs", help="with --problems on deepresearch: JSONL of documents "
-                                        "{id, title?, text} searched in place of the run's corpus"),
+    problems: Path | None = typer.Option(
+        None,
+        "--problems",
+        help="your own problems, a JSONL file in the run's "
+        "pipeline's format (README: `Evaluate on your own problems`), played in "
+        "place of the held-out split in a new run folder `eval-...`",
+    ),
+    docs: Path | None = typer.Option(
+        None,
+        "--docs",
+        help="with --problems on deepresearch: JSONL of documents "
+        "{id, title?, text} searched in place of the run's corpus",
+    ),
 ):
     """Evaluate a run's team on the held-out split (greedy), with a 95% bootstrap interval; with --model, the
     team with registered agents in place of the run's own; with --problems, on your own problem file, with a
@@ -153,8 +182,9 @@ def eval_cmd(
         _fail("--docs goes with --problems: the documents your questions are asked over")
     try:
         if model:
-            run_dir = registered_team(runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id,
-                                      problems, docs)
+            run_dir = registered_team(
+                runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id, problems, docs
+            )
             iteration = 0
             console.print(f"team with {', '.join(model)}: {run_dir}")
         else:
@@ -168,8 +198,11 @@ def eval_cmd(
             context.problems(str(run_dir), "eval")
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    finish = (f"`teamrl eval {run_dir.name} --dir {runs_dir}` finishes the rest" if model or problems
-              else "the same command finishes the rest")
+    finish = (
+        f"`teamrl eval {run_dir.name} --dir {runs_dir}` finishes the rest"
+        if model or problems
+        else "the same command finishes the rest"
+    )
     with runs.run_lock(run_dir):
         try:
             with _flow_session():
@@ -203,13 +236,20 @@ def _problems_report(run_dir: Path, iteration: int, m: dict[str, float], runs_di
         t.add_row(*(escape(str(v)) for v in row))  # a question may hold [brackets]: text, not markup
     console.print(t)
     if "success_rate" in m:
-        console.print(f"success (greedy, 95% bootstrap CI): [bold]{m['success_rate']:.3f}[/] "
-                      f"[{m['success_ci_low']:.3f}, {m['success_ci_high']:.3f}] on "
-                      f"{int((df['success'] != 'infra error').sum())} problems", highlight=False)
+        console.print(
+            f"success (greedy, 95% bootstrap CI): [bold]{m['success_rate']:.3f}[/] "
+            f"[{m['success_ci_low']:.3f}, {m['success_ci_high']:.3f}] on "
+            f"{int((df['success'] != 'infra error').sum())} problems",
+            highlight=False,
+        )
     path, _ = export(run_dir, "csv", overwrite=True)  # derived from the finished partitions: the same each time
     dir_opt = "" if runs_dir == "runs" else f" --dir {runs_dir}"
-    console.print(f"every action: {path} (JSONL: teamrl runs export {run_dir.name}{dir_opt})", markup=False,
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"every action: {path} (JSONL: teamrl runs export {run_dir.name}{dir_opt})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _align_help(field: str) -> str:
@@ -222,10 +262,12 @@ def align(
     agent: str = typer.Option(..., "--agent", help=_align_help("agent")),
     init: str = typer.Option("fresh", "--init", help=_align_help("init")),
     delta0: float = typer.Option(AlignConfig.model_fields["delta0"].default, "--delta0", help=_align_help("delta0")),
-    max_steps: int = typer.Option(AlignConfig.model_fields["max_steps"].default, "--max-steps",
-                                  help=_align_help("max_steps")),
-    probe_size: int = typer.Option(AlignConfig.model_fields["probe_size"].default, "--probe-size",
-                                   help=_align_help("probe_size")),
+    max_steps: int = typer.Option(
+        AlignConfig.model_fields["max_steps"].default, "--max-steps", help=_align_help("max_steps")
+    ),
+    probe_size: int = typer.Option(
+        AlignConfig.model_fields["probe_size"].default, "--probe-size", help=_align_help("probe_size")
+    ),
     lr: float | None = typer.Option(None, "--lr", help=_align_help("lr")),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
 ):
@@ -240,8 +282,17 @@ def align(
     from infra.runs import RunLockedError
 
     try:
-        cfg = validate({"agent": agent, "init": init, "delta0": delta0, "max_steps": max_steps,
-                        "probe_size": probe_size, "lr": lr}, AlignConfig)
+        cfg = validate(
+            {
+                "agent": agent,
+                "init": init,
+                "delta0": delta0,
+                "max_steps": max_steps,
+                "probe_size": probe_size,
+                "lr": lr,
+            },
+            AlignConfig,
+        )
         run_dir = runs.find_run(runs_dir, run_id)
         plan(str(run_dir), cfg)
         with _flow_session():
@@ -256,25 +307,37 @@ def align(
 def _swap_table(r: dict) -> None:
     """The swap shock: held-out success before the swap, after a direct swap, after Stage-0."""
     a, k = r["agent"], r["iteration"]
-    console.print(f"stage-0 {a} (run {Path(r['run_dir']).name}, iteration {k}, probe {r['probe_actions']} actions / "
-                  f"{r['probe_tokens']} tokens): reverse KL [bold]{r['kl_before']:.4g}[/] -> [bold]{r['kl_after']:.4g}"
-                  f"[/] in {r['steps']} steps (delta0 {r['delta0']:g})")
+    console.print(
+        f"stage-0 {a} (run {Path(r['run_dir']).name}, iteration {k}, probe {r['probe_actions']} actions / "
+        f"{r['probe_tokens']} tokens): reverse KL [bold]{r['kl_before']:.4g}[/] -> [bold]{r['kl_after']:.4g}"
+        f"[/] in {r['steps']} steps (delta0 {r['delta0']:g})"
+    )
     if not r["converged"]:
         console.print("[yellow]delta0 not reached: raise --max-steps or --lr[/]")
     t = Table(title=f"held-out success (greedy, 95% CI) around the swap of {a}")
     for c in ("team", "partition", f"{a} version", "success", "ci low", "ci high", "vs before"):
         t.add_column(c, justify="left" if c in ("team", "partition") else "right")
     before = r["eval"]["eval"]
-    rows = (("before the swap", "eval", r["team"][a]), ("swap, no stage-0", f"eval-swap-{a}", 0),
-            ("stage-0 aligned", f"eval-aligned-{a}", r["version_after"]))
+    rows = (
+        ("before the swap", "eval", r["team"][a]),
+        ("swap, no stage-0", f"eval-swap-{a}", 0),
+        ("stage-0 aligned", f"eval-aligned-{a}", r["version_after"]),
+    )
     for label, phase, version in rows:
         m = r["eval"][phase]
         if m is None:
             t.add_row(label, phase, str(version), "not evaluated", "-", "-", "-")
             continue
         diff = "-" if before is None else f"{m['success_rate'] - before['success_rate']:+.3f}"
-        t.add_row(label, phase, str(version), f"{m['success_rate']:.3f}", f"{m['success_ci_low']:.3f}",
-                  f"{m['success_ci_high']:.3f}", diff)
+        t.add_row(
+            label,
+            phase,
+            str(version),
+            f"{m['success_rate']:.3f}",
+            f"{m['success_ci_low']:.3f}",
+            f"{m['success_ci_high']:.3f}",
+            diff,
+        )
     console.print(t)
 
 
@@ -307,8 +370,9 @@ def runs_show(
     run_id: str = typer.Argument(...),
     runs_dir: str = typer.Option("runs", "--dir"),
     episode: str | None = typer.Option(None, "--episode", "-e", help="print this episode as a transcript"),
-    iteration: int | None = typer.Option(None, help="with --episode: its iteration (default: the latest "
-                                            "holding the id; ids repeat across iterations)"),
+    iteration: int | None = typer.Option(
+        None, help="with --episode: its iteration (default: the latest holding the id; ids repeat across iterations)"
+    ),
     phase: str | None = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
     max_chars: int = typer.Option(1500, "--max-chars", help="with --episode: cut longer texts (0: never)"),
 ):
@@ -347,16 +411,21 @@ def _episode_hint(run_id: str, runs_dir: str, run_dir: Path) -> None:
     examples = last.groupby("phase", sort=True)["episode_id"].min().head(2)
     it = int(last["iteration"].iloc[0])
     dir_opt = "" if runs_dir == "runs" else f" --dir {runs_dir}"
-    console.print(f"one episode as a transcript: teamrl runs show {run_id}{dir_opt} --episode ID [--iteration K]; "
-                  f"e.g. at iteration {it}: {', '.join(examples)}", markup=False, highlight=False)
+    console.print(
+        f"one episode as a transcript: teamrl runs show {run_id}{dir_opt} --episode ID [--iteration K]; "
+        f"e.g. at iteration {it}: {', '.join(examples)}",
+        markup=False,
+        highlight=False,
+    )
 
 
 @runs_app.command("export")
 def runs_export(
     run_id: str = typer.Argument(..., help="run id (or run folder)"),
     fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl (one JSON object per action) or csv"),
-    out: Path | None = typer.Option(None, "--out", help="file to write (default: <run folder>/export/"
-                                       "<run_id>.<format>)"),
+    out: Path | None = typer.Option(
+        None, "--out", help="file to write (default: <run folder>/export/<run_id>.<format>)"
+    ),
     runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
     tokens: bool = typer.Option(False, "--tokens", help="keep the per-token columns (ids, log-probs, advantages)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing file"),

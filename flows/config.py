@@ -1,5 +1,6 @@
 """The run config: each component's own pydantic model composed into one, loaded from a YAML preset
 and overridden with `--set key=value`. Errors name the field and nothing is written."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,14 +27,20 @@ class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dir: str = Field("runs", description="folder holding one sub-folder per run (and the MLflow database)")
-    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
-                           description="run id (default: `<preset>-<timestamp>-<random>`)")
+    id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="run id (default: `<preset>-<timestamp>-<random>`)",
+    )
     experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: `sqlite:///<dir>/mlflow.db`)")
     mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
-    registry: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$",
-                                 description="register each agent's final checkpoint as MLflow model "
-                                 "`<registry>-<agent>` with alias `best` (default: the preset name)")
+    registry: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$",
+        description="register each agent's final checkpoint as MLflow model "
+        "`<registry>-<agent>` with alias `best` (default: the preset name)",
+    )
 
 
 class RunConfig(BaseModel):
@@ -44,10 +51,15 @@ class RunConfig(BaseModel):
     preset: str = Field("custom", description="name of the preset this config came from")
     seed: int = Field(0, ge=0, description="the same seed gives the same tables")
     iterations: int = Field(2, ge=0, le=100000, description="training iterations")
-    evaluate: bool = Field(True, description="evaluate on the held-out split before the first and after the "
-                           "last iteration")
-    eval_every: int = Field(0, ge=0, description="with `evaluate`, also evaluate after every this-many iterations "
-                            "(0: only before the first and after the last), for held-out learning curves")
+    evaluate: bool = Field(
+        True, description="evaluate on the held-out split before the first and after the last iteration"
+    )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="with `evaluate`, also evaluate after every this-many iterations "
+        "(0: only before the first and after the last), for held-out learning curves",
+    )
     run: RunSettings = Field(default_factory=RunSettings)
     model: ModelConfig = Field(default_factory=ModelConfig)
     pipeline: PipelineConfig = Field(default_factory=MathChatConfig)
@@ -63,8 +75,10 @@ class RunConfig(BaseModel):
         if e.generation == "vllm" and m.weights != "lora":
             raise ValueError("engines.generation=vllm serves one LoRA adapter per agent: it needs model.weights=lora")
         if e.generation == "vllm" and m.name == "tiny":
-            raise ValueError("engines.generation=vllm cannot serve model.name=tiny (a random model that exists only "
-                             "in memory): name a Hugging Face model, a local folder or smollm2-135m-instruct")
+            raise ValueError(
+                "engines.generation=vllm cannot serve model.name=tiny (a random model that exists only "
+                "in memory): name a Hugging Face model, a local folder or smollm2-135m-instruct"
+            )
         if e.trainer == "deepspeed" and e.device == "cpu":
             raise ValueError("engines.trainer=deepspeed runs on a GPU: set engines.device=cuda")
         return self
@@ -115,8 +129,11 @@ def _format(e: ValidationError) -> str:
     for err in e.errors():
         where = ".".join(str(p) for p in err["loc"])
         msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        got = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and "input" in err and \
-            not isinstance(err["input"], dict) else ""
+        got = (
+            f" (got {err['input']!r})"
+            if err["type"] != "extra_forbidden" and "input" in err and not isinstance(err["input"], dict)
+            else ""
+        )
         if not where:  # a check across sections: its message names the fields
             lines.append(msg.removeprefix("Value error, "))
             continue

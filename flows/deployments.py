@@ -6,6 +6,7 @@ pool. Regenerate after changing a preset (a test checks the file is current):
 
 `python -m flows.deployments --create-pool` creates the work pool on the server at PREFECT_API_URL.
 """
+
 from __future__ import annotations
 
 import sys
@@ -35,31 +36,60 @@ def _preset_parameters(preset: str) -> dict:
 
 
 def _deployment(name: str, entrypoint: str, description: str, parameters: dict | None = None, **extra) -> dict:
-    return {"name": name, "description": description, "entrypoint": entrypoint, "tags": ["teamrl"],
-            **({"parameters": parameters} if parameters else {}), **extra,
-            "work_pool": {"name": POOL, "job_variables": {"env": dict(ENV)}}}
+    return {
+        "name": name,
+        "description": description,
+        "entrypoint": entrypoint,
+        "tags": ["teamrl"],
+        **({"parameters": parameters} if parameters else {}),
+        **extra,
+        "work_pool": {"name": POOL, "job_variables": {"env": dict(ENV)}},
+    }
 
 
 def deployments() -> list[dict]:
     out = []
     for p in preset_names():
         cfg = load_config(p, [])
-        schedule = {"schedules": [{"cron": "0 3 * * *", "timezone": "UTC", "active": False}]} \
-            if p == EXAMPLE_SCHEDULE else {}
-        out.append(_deployment(p, "flows/train.py:train", f"Train the {cfg.pipeline.name} team with the `{p}` "
-                               "preset; every field of the form can be changed per run.",
-                               {"config": _preset_parameters(p)}, **schedule))
-    out.append(_deployment("evaluate", "flows/evaluate.py:evaluate", "Held-out evaluation (greedy, 95% interval) "
-                           "of a run's team after `iteration` updates; run_dir: runs/<run id>."))
-    out.append(_deployment("align", "flows/align.py:align", "Stage-0: swap config.agent for a fresh model and "
-                           "align it to the team (reverse KL <= delta0) before training continues."))
+        schedule = (
+            {"schedules": [{"cron": "0 3 * * *", "timezone": "UTC", "active": False}]} if p == EXAMPLE_SCHEDULE else {}
+        )
+        out.append(
+            _deployment(
+                p,
+                "flows/train.py:train",
+                f"Train the {cfg.pipeline.name} team with the `{p}` "
+                "preset; every field of the form can be changed per run.",
+                {"config": _preset_parameters(p)},
+                **schedule,
+            )
+        )
+    out.append(
+        _deployment(
+            "evaluate",
+            "flows/evaluate.py:evaluate",
+            "Held-out evaluation (greedy, 95% interval) "
+            "of a run's team after `iteration` updates; run_dir: runs/<run id>.",
+        )
+    )
+    out.append(
+        _deployment(
+            "align",
+            "flows/align.py:align",
+            "Stage-0: swap config.agent for a fresh model and "
+            "align it to the team (reverse KL <= delta0) before training continues.",
+        )
+    )
     return out
 
 
 def render() -> str:
-    doc = {"name": "teamrl", "prefect-version": "3.0.0",
-           "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TEAMRL_HOME }}"}}],
-           "deployments": deployments()}
+    doc = {
+        "name": "teamrl",
+        "prefect-version": "3.0.0",
+        "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TEAMRL_HOME }}"}}],
+        "deployments": deployments(),
+    }
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=110)
 
 
@@ -71,8 +101,9 @@ def create_pool() -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.workers.process import ProcessWorker
 
-    pool = WorkPoolCreate(name=POOL, type=ProcessWorker.type,
-                          base_job_template=ProcessWorker.get_default_base_job_template())
+    pool = WorkPoolCreate(
+        name=POOL, type=ProcessWorker.type, base_job_template=ProcessWorker.get_default_base_job_template()
+    )
     with get_client(sync_client=True) as client:
         client.create_work_pool(pool, overwrite=True)
 

@@ -1,6 +1,7 @@
 """The evaluate flow: the team at a given policy iteration plays the held-out split greedily; or a team
 with agents loaded back from the MLflow model registry (`teamrl eval --model models:/<name>@best`); or a
 run's team on a user's own problem file (`teamrl eval RUN --problems FILE`)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ from tasks.collect_rollouts import RolloutConfig, collect_rollouts
 
 def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
     """Play (or reuse) partition iteration=K/phase=eval with the policies after K updates; its metrics."""
-    versions = role_versions(context.weights(run_dir),
-                             store.agent_versions(run_dir, context.units(run_dir), iteration))
+    versions = role_versions(context.weights(run_dir), store.agent_versions(run_dir, context.units(run_dir), iteration))
     collect_rollouts(run_dir, iteration, "eval", versions, split="eval", greedy=True)
     if context.section(run_dir, "rollout", RolloutConfig).eval_samples:
         collect_rollouts(run_dir, iteration, "eval", versions, split="eval", part="samples")
@@ -60,8 +60,12 @@ def _new_team(runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Pat
     new_id = runs.new_run_id(f"eval-{source.name}")[-100:].lstrip("-._")
     for agent, src in checkpoints.items():
         if src is not None:  # the team only plays: no update reads optimizer state here
-            shutil.copytree(src, Path(runs_dir) / new_id / "checkpoints" / agent / "v0000",
-                            ignore=shutil.ignore_patterns(OPTIMIZER), copy_function=_link_or_copy)
+            shutil.copytree(
+                src,
+                Path(runs_dir) / new_id / "checkpoints" / agent / "v0000",
+                ignore=shutil.ignore_patterns(OPTIMIZER),
+                copy_function=_link_or_copy,
+            )
     keep = {k: v for k, v in cfg.items() if k not in ("run_id", "nonce", "flow_run_id")}
     # config.yaml last: a folder a crash left half-copied is no run, so it never plays with missing agents
     return runs.create_run(runs_dir, new_id, keep | {"run": keep["run"] | {"id": new_id}} | extra)
@@ -75,8 +79,9 @@ def _problems_config(source: Path, cfg: dict, problems: str | Path, docs: str | 
     return {"problems": context.user_problems(problems, docs), "rollout": cfg["rollout"] | {"eval_questions": None}}
 
 
-def problems_team(runs_dir: str, source: Path, iteration: int, problems: str | Path,
-                  docs: str | Path | None = None) -> Path:
+def problems_team(
+    runs_dir: str, source: Path, iteration: int, problems: str | Path, docs: str | Path | None = None
+) -> Path:
     """A new run folder `eval-<run>-<time>-<hex>` in which the team of run `source` at policy `iteration`
     (as version 0) plays a user's problem file as its held-out split: `evaluate(<folder>, 0)`. Its config
     records the file (section `problems`, with its SHA-256) and the source (section `source`). Each call
@@ -87,12 +92,23 @@ def problems_team(runs_dir: str, source: Path, iteration: int, problems: str | P
     extra = _problems_config(source, cfg, problems, docs)
     versions = store.agent_versions(source, context.units(str(source)), iteration)
     checkpoints = {a: saved_checkpoint(source, a, v) for a, v in versions.items()}
-    return _new_team(runs_dir, source, cfg, checkpoints, extra | {"source": {
-        "run": str(source), "iteration": iteration, "versions": versions}})
+    return _new_team(
+        runs_dir,
+        source,
+        cfg,
+        checkpoints,
+        extra | {"source": {"run": str(source), "iteration": iteration, "versions": versions}},
+    )
 
 
-def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id: str | None = None,
-                    problems: str | Path | None = None, docs: str | Path | None = None) -> Path:
+def registered_team(
+    runs_dir: str,
+    models: list[str],
+    tracking_uri: str,
+    run_id: str | None = None,
+    problems: str | Path | None = None,
+    docs: str | Path | None = None,
+) -> Path:
     """A new run folder `eval-<run>-<time>-<hex>` for the team of run `run_id` (default: the run that
     registered the first model) with the given registered agents' checkpoints in place of the run's latest
     ones, all as version 0, so `evaluate(<folder>, 0)` plays it: on the run's held-out split, or on a user's
@@ -108,8 +124,10 @@ def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id:
         first = next(iter(got.values()))[1]
         source = runs.find_run(runs_dir, run_id) if run_id else Path(first.tags.get("teamrl.run_dir", ""))
         if not (source / "config.yaml").exists():
-            raise FileNotFoundError(f"the run that registered {models[0]} ({source}) is not here: pass the id of a run "
-                                    "whose team and base model it fits (teamrl eval RUN_ID --model ...)")
+            raise FileNotFoundError(
+                f"the run that registered {models[0]} ({source}) is not here: pass the id of a run "
+                "whose team and base model it fits (teamrl eval RUN_ID --model ...)"
+            )
         cfg = runs.read_run_config(source)
         agents = context.units(str(source))  # what is registered: the weights units
         for agent, (_, mv, uri) in got.items():
@@ -118,13 +136,22 @@ def registered_team(runs_dir: str, models: list[str], tracking_uri: str, run_id:
             want = (cfg["model"]["name"], cfg["model"]["weights"])
             have = (mv.tags.get("teamrl.model"), mv.tags.get("teamrl.weights"))
             if have != want:
-                raise ValueError(f"{uri} was trained on model {have[0]} ({have[1]} weights); run {source.name} uses "
-                                 f"{want[0]} ({want[1]}): pass a run with the same base model")
+                raise ValueError(
+                    f"{uri} was trained on model {have[0]} ({have[1]} weights); run {source.name} uses "
+                    f"{want[0]} ({want[1]}): pass a run with the same base model"
+                )
         extra = _problems_config(source, cfg, problems, docs) if problems else {}
-        checkpoints = {a: got[a][0] if a in got else saved_checkpoint(source, a, latest_version(source, a))
-                       for a in agents}
+        checkpoints = {
+            a: got[a][0] if a in got else saved_checkpoint(source, a, latest_version(source, a)) for a in agents
+        }
         dst = _new_team(runs_dir, source, cfg, checkpoints, extra)
-        (dst / "registered.json").write_text(json.dumps(
-            {"source_run": str(source), **{a: {"uri": u, "name": mv.name, "version": mv.version}
-                                            for a, (_, mv, u) in got.items()}}, indent=1))
+        (dst / "registered.json").write_text(
+            json.dumps(
+                {
+                    "source_run": str(source),
+                    **{a: {"uri": u, "name": mv.name, "version": mv.version} for a, (_, mv, u) in got.items()},
+                },
+                indent=1,
+            )
+        )
     return dst

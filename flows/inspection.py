@@ -8,6 +8,7 @@ the disk space it takes.
 
 (The module is not called `inspect`: run as a script, `flows/` would then shadow the standard library's.)
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ _MAPS = ("metrics", "policy_versions")  # map columns of `episodes`, flattened t
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-def episode_table(run_dir: str | Path, tokens: bool = False, iteration: int | None = None,
-                  phase: str | None = None) -> pd.DataFrame:
+def episode_table(
+    run_dir: str | Path, tokens: bool = False, iteration: int | None = None, phase: str | None = None
+) -> pd.DataFrame:
     """One row per action (optionally of one iteration / phase), keyed by run_id, iteration, phase,
     episode_id, turn, agent: the action, its coach score and rationale, its advantage row's reward and
     weight, and its episode's fields (question, answer, final_answer, outcome, success, ...; the
@@ -40,8 +42,11 @@ def episode_table(run_dir: str | Path, tokens: bool = False, iteration: int | No
     advantages, loss mask) are dropped unless `tokens=True`.
     """
     actions = store.load_actions(run_dir, iteration, phase)
-    actions.insert(actions.columns.get_loc("response_text") + 1, "response_tokens",
-                   actions["response_ids"].map(len, na_action="ignore").astype("Int64"))
+    actions.insert(
+        actions.columns.get_loc("response_text") + 1,
+        "response_tokens",
+        actions["response_ids"].map(len, na_action="ignore").astype("Int64"),
+    )
     if not tokens:
         actions = actions.drop(columns=list(TOKEN_COLUMNS))
     episodes = _flatten_maps(store.load_episodes(run_dir, iteration, phase))
@@ -63,8 +68,9 @@ def default_export_path(run_dir: str | Path, fmt: str) -> Path:
     return Path(run_dir) / "export" / f"{Path(run_dir).name}.{fmt}"
 
 
-def export(run_dir: str | Path, fmt: str, out: str | Path | None = None, overwrite: bool = False,
-           tokens: bool = False) -> tuple[Path, int]:
+def export(
+    run_dir: str | Path, fmt: str, out: str | Path | None = None, overwrite: bool = False, tokens: bool = False
+) -> tuple[Path, int]:
     """Write `episode_table(run_dir, tokens)` to `out` (default: `default_export_path`) as JSONL (one
     JSON object per action) or CSV (list columns JSON-encoded); returns the path and the row count.
 
@@ -99,8 +105,13 @@ def _json_lists(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def transcript(run_dir: str | Path, episode_id: str, iteration: int | None = None, phase: str | None = None,
-               max_chars: int | None = 1500) -> str:
+def transcript(
+    run_dir: str | Path,
+    episode_id: str,
+    iteration: int | None = None,
+    phase: str | None = None,
+    max_chars: int | None = 1500,
+) -> str:
     """One episode as readable markdown-ish text: the question, then each turn's agent, response, tool call
     (input and output) and coach score with rationale, then the final answer, outcome and success.
 
@@ -121,8 +132,9 @@ def transcript(run_dir: str | Path, episode_id: str, iteration: int | None = Non
     chosen = found[found["iteration"] == it]
     if len(chosen) > 1:
         phases = ", ".join(sorted(chosen["phase"]))
-        raise ValueError(f"episode {episode_id!r} is in several phases of iteration {it} ({phases}); "
-                         f"pass phase= (CLI: --phase)")
+        raise ValueError(
+            f"episode {episode_id!r} is in several phases of iteration {it} ({phases}); pass phase= (CLI: --phase)"
+        )
     ep = chosen.iloc[0]
     others = sorted({int(i) for i in same["iteration"]} - {it})
     acts = store.load_actions(run_dir, it, str(ep["phase"]))
@@ -130,9 +142,13 @@ def transcript(run_dir: str | Path, episode_id: str, iteration: int | None = Non
     lines = _header(ep, others) + [f"## Question\n\n{_clip(ep['question'], max_chars)}", ""]
     for a in acts.to_dict("records"):
         lines += _turn(a, max_chars)
-    lines += ["## Result", "", f"final answer:    {_clip(ep['final_answer'], max_chars) or '(none)'}",
-              f"expected answer: {_text(ep['answer']) or '(unknown)'}",
-              f"outcome: {_num(ep['outcome'])}   success: {'yes' if ep['success'] else 'no'}"]
+    lines += [
+        "## Result",
+        "",
+        f"final answer:    {_clip(ep['final_answer'], max_chars) or '(none)'}",
+        f"expected answer: {_text(ep['answer']) or '(unknown)'}",
+        f"outcome: {_num(ep['outcome'])}   success: {'yes' if ep['success'] else 'no'}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -156,11 +172,16 @@ def _unknown_episode(run_dir, episodes: pd.DataFrame, episode_id: str, iteration
 
 
 def _header(ep: pd.Series, other_iterations: list[int]) -> list[str]:
-    lines = [f"# Episode {ep['episode_id']}: run {ep['run_id']}, iteration {ep['iteration']}, phase {ep['phase']}",
-             "", f"pipeline {ep['pipeline']}, task {ep['task_id']}, group {ep['group_id']}, {ep['num_turns']} turns"]
+    lines = [
+        f"# Episode {ep['episode_id']}: run {ep['run_id']}, iteration {ep['iteration']}, phase {ep['phase']}",
+        "",
+        f"pipeline {ep['pipeline']}, task {ep['task_id']}, group {ep['group_id']}, {ep['num_turns']} turns",
+    ]
     if other_iterations:
-        lines.append(f"(the id also occurs at iteration {', '.join(map(str, other_iterations))}; "
-                     "choose with iteration= / --iteration)")
+        lines.append(
+            f"(the id also occurs at iteration {', '.join(map(str, other_iterations))}; "
+            "choose with iteration= / --iteration)"
+        )
     return lines + [""]
 
 
@@ -171,12 +192,19 @@ def _turn(a: dict, max_chars: int | None) -> list[str]:
     extra = f", System {a['system']}" if _text(a["system"]) not in ("", "0") else ""
     if _text(a["parent_turn"]):
         extra += f", for turn {a['parent_turn']}"
-    lines = [f"## Turn {a['turn']}: {who} (policy v{a['policy_version']}{extra})", "",
-             _clip(a["response_text"], max_chars) or "(empty response)", ""]
+    lines = [
+        f"## Turn {a['turn']}: {who} (policy v{a['policy_version']}{extra})",
+        "",
+        _clip(a["response_text"], max_chars) or "(empty response)",
+        "",
+    ]
     if _text(a["tool_name"]) or _text(a["tool_input"]) or _text(a["tool_output"]):
-        lines += [f"tool {_text(a['tool_name']) or '?'}",
-                  f"  input:  {_indent(_clip(a['tool_input'], max_chars), 10) or '(none)'}",
-                  f"  output: {_indent(_clip(a['tool_output'], max_chars), 10) or '(none)'}", ""]
+        lines += [
+            f"tool {_text(a['tool_name']) or '?'}",
+            f"  input:  {_indent(_clip(a['tool_input'], max_chars), 10) or '(none)'}",
+            f"  output: {_indent(_clip(a['tool_output'], max_chars), 10) or '(none)'}",
+            "",
+        ]
     status, model = _text(a.get("status")), _text(a.get("coach_model"))
     verdict = f"coach score {_num(a.get('score'))}" + (f" ({model})" if model else "")
     if status not in ("", "ok"):

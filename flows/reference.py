@@ -5,6 +5,7 @@ page is stale):
 
     .venv/bin/python -m flows.reference
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,15 @@ def _help(args: list[str]) -> str:
 
     from flows.cli import app
 
-    env = {"COLUMNS": "100", "LINES": "50", "NO_COLOR": "1", "TERM": "dumb", "FORCE_COLOR": None,
-           "TTY_COMPATIBLE": None, "TTY_INTERACTIVE": None}
+    env = {
+        "COLUMNS": "100",
+        "LINES": "50",
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+        "FORCE_COLOR": None,
+        "TTY_COMPATIBLE": None,
+        "TTY_INTERACTIVE": None,
+    }
     res = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="teamrl", color=False)
     if res.exit_code != 0:
         raise RuntimeError(f"teamrl {' '.join(args)} --help exited with {res.exit_code}: {res.output}")
@@ -59,10 +67,16 @@ def _commands() -> list[list[str]]:
 
 
 def cli_page() -> str:
-    parts = ["# CLI reference", "", f"<!-- {REGENERATE} -->", "",
-             "Every `teamrl` command's `--help`. A bad argument or config prints one `error:` line and exits "
-             "with code 2; Ctrl-C stops within seconds and exits with code 130 (see "
-             "[what survives what](../operations/faults.md)).", ""]
+    parts = [
+        "# CLI reference",
+        "",
+        f"<!-- {REGENERATE} -->",
+        "",
+        "Every `teamrl` command's `--help`. A bad argument or config prints one `error:` line and exits "
+        "with code 2; Ctrl-C stops within seconds and exits with code 130 (see "
+        "[what survives what](../operations/faults.md)).",
+        "",
+    ]
     for path in _commands():
         parts += [f"## `teamrl{''.join(' ' + p for p in path)}`", "", "```text", _help(path), "```", ""]
     return "\n".join(parts)
@@ -91,13 +105,22 @@ def _value(value) -> str:
 def _differences(value: BaseModel) -> str:
     """The fields where a nested section's default here differs from its own defaults."""
     base = type(value)()
-    diff = [f"`{k}: {json.dumps(v)}`" for k, v in value.model_dump(mode="json").items()
-            if v != getattr(base, k) and not isinstance(getattr(base, k), BaseModel)]
+    diff = [
+        f"`{k}: {json.dumps(v)}`"
+        for k, v in value.model_dump(mode="json").items()
+        if v != getattr(base, k) and not isinstance(getattr(base, k), BaseModel)
+    ]
     return f" Defaults here: {', '.join(diff)}." if diff else ""
 
 
-_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >="),
-           ("max_length", "length <="))
+_BOUNDS = (
+    ("ge", ">="),
+    ("gt", ">"),
+    ("le", "<="),
+    ("lt", "<"),
+    ("min_length", "length >="),
+    ("max_length", "length <="),
+)
 
 
 def _constraints(f: FieldInfo) -> str:
@@ -124,15 +147,27 @@ def _anchor(key: str) -> str:
     return key.replace(".", "")
 
 
-def _section(key: str, defaults: BaseModel, done: dict[type, str], heading: str | None = None,
-             skip: tuple[str, ...] = (), later: list | None = None) -> list[str]:
+def _section(
+    key: str,
+    defaults: BaseModel,
+    done: dict[type, str],
+    heading: str | None = None,
+    skip: tuple[str, ...] = (),
+    later: list | None = None,
+) -> list[str]:
     """`key`'s fields as a table with their values in `defaults`, then each nested section (a model rendered
     before is linked, not repeated); with `later`, the nested sections are appended to it instead."""
     model = type(defaults)
     done[model] = key
     doc = " ".join((model.__doc__ or "").split())
-    lines = [heading or f"## `{key}`", "", doc, "",
-             "| key | type | default | constraints | description |", "|---|---|---|---|---|"]
+    lines = [
+        heading or f"## `{key}`",
+        "",
+        doc,
+        "",
+        "| key | type | default | constraints | description |",
+        "|---|---|---|---|---|",
+    ]
     nested: list = [] if later is None else later
     for name, f in model.model_fields.items():
         if name in skip:
@@ -150,8 +185,10 @@ def _section(key: str, defaults: BaseModel, done: dict[type, str], heading: str 
             continue
         if not f.description:
             raise ValueError(f"config field {full} has no description: add one to its pydantic Field")
-        lines.append(f"| `{full}` | {_cell(_type(f.annotation))} | {_cell(_value(value))} | {_cell(_constraints(f))} "
-                     f"| {_cell(f.description)} |")
+        lines.append(
+            f"| `{full}` | {_cell(_type(f.annotation))} | {_cell(_value(value))} | {_cell(_constraints(f))} "
+            f"| {_cell(f.description)} |"
+        )
     lines.append("")
     if later is None:
         for full, sub in nested:
@@ -174,23 +211,42 @@ def _preset_summary(name: str) -> str:
 def config_page() -> str:
     from pipelines import pipeline_config
 
-    lines = ["# Config reference", "", f"<!-- {REGENERATE} -->", "",
-             "A run's config is one YAML document: a preset (`flows/presets/<name>.yaml`) or your own file, "
-             "changed with `--set key=value` (dotted keys, values parsed as YAML) or in the Prefect UI's form. "
-             "An unknown key, a wrong type or a value out of range is an error naming the field, and nothing is "
-             "written. The resolved config is saved as `runs/<run_id>/config.yaml`.", "",
-             "## Presets", "", "| preset | what it trains |", "|---|---|"]
+    lines = [
+        "# Config reference",
+        "",
+        f"<!-- {REGENERATE} -->",
+        "",
+        "A run's config is one YAML document: a preset (`flows/presets/<name>.yaml`) or your own file, "
+        "changed with `--set key=value` (dotted keys, values parsed as YAML) or in the Prefect UI's form. "
+        "An unknown key, a wrong type or a value out of range is an error naming the field, and nothing is "
+        "written. The resolved config is saved as `runs/<run_id>/config.yaml`.",
+        "",
+        "## Presets",
+        "",
+        "| preset | what it trains |",
+        "|---|---|",
+    ]
     lines += [f"| `{p}` | {_preset_summary(p)} |" for p in preset_names()]
     lines.append("")
     done: dict[type, str] = {}
     lines += _section("", RunConfig(), done, heading="## Top level", skip=("pipeline",))
-    lines += ["## `pipeline`", "",
-              "What is trained: the team, its environment and its problems. `pipeline.name` chooses the pipeline "
-              "and with it the keys below (`mathchat` when left out).", ""]
+    lines += [
+        "## `pipeline`",
+        "",
+        "What is trained: the team, its environment and its problems. `pipeline.name` chooses the pipeline "
+        "and with it the keys below (`mathchat` when left out).",
+        "",
+    ]
     nested: list = []  # sections the pipelines share (`pipeline.sandbox`), after all three
     for name in PIPELINES:
-        lines += _section("pipeline", pipeline_config({"name": name}), done, heading=f"### `pipeline.name: {name}`", skip=("name",),
-                          later=nested)
+        lines += _section(
+            "pipeline",
+            pipeline_config({"name": name}),
+            done,
+            heading=f"### `pipeline.name: {name}`",
+            skip=("name",),
+            later=nested,
+        )
     for full, sub in nested:
         lines += _section(full, sub, done)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -199,28 +255,28 @@ def config_page() -> str:
 # -- the table schemas --------------------------------------------------------------------------------
 TABLES = {
     "episodes": "One row per episode: the problem, how the team did, and the policy versions that played it. "
-                "Written by `collect_rollouts` after the partition's `actions`, so an `episodes` file marks the "
-                "pair complete.",
+    "Written by `collect_rollouts` after the partition's `actions`, so an `episodes` file marks the "
+    "pair complete.",
     "actions": "One row per action (a generation of one agent in one turn), with its tokens and log-probs and the "
-               "tool call it made. Written by `collect_rollouts`.",
+    "tool call it made. Written by `collect_rollouts`.",
     "coach": "The coach's score of every action. Written by `coach_evaluate`.",
     "advantages": "Per-token advantages, loss mask and duplication count of every action. Written by "
-                  "`compute_advantages`.",
+    "`compute_advantages`.",
     "updates": "One row per gradient update of one weights unit (an agent's own weights, or a shared model), "
-               "and per Stage-0 alignment (phase `align`, strategy `stage0`). Written by `update` and "
-               "`stage0_align`.",
+    "and per Stage-0 alignment (phase `align`, strategy `stage0`). Written by `update` and "
+    "`stage0_align`.",
     "align": "One row per Stage-0 alignment (`teamrl align`), phase `align` at the iteration whose rollouts "
-             "gave the probe set. Written by the `align` flow.",
+    "gave the probe set. Written by the `align` flow.",
 }
 
 _KEY_TEXT = {
     "run_id": "the run's id (its folder name)",
     "iteration": "partition key, stored in the path (`iteration=K`): the training iteration (1, 2, ...); for an "
-                 "evaluation phase, the policy evaluated (the one after K updates; 0: untrained)",
+    "evaluation phase, the policy evaluated (the one after K updates; 0: untrained)",
     "phase": "partition key, stored in the path (`phase=P`): `rollout`, `resample-<i>` (TeamTR), `eval`, "
-             "`eval-swap-<agent>`, `eval-aligned-<agent>` (Stage-0), `align`",
+    "`eval-swap-<agent>`, `eval-aligned-<agent>` (Stage-0), `align`",
     "episode_id": "`<phase>-<question, 4 digits>-<sample, 2 digits>` (`s` before the sample for pass@k samples); "
-                  "ids repeat across iterations",
+    "ids repeat across iterations",
     "turn": "the action's position in its episode (0, 1, ...)",
     "agent": "the role that acted (MARS: `system2`, `system1`)",
 }
@@ -229,20 +285,20 @@ COLUMNS: dict[str, dict[str, str]] = {
     "episodes": {
         "task_id": "the problem's id in its pipeline (DSBench: `<dataset>-<split seed>`)",
         "group_id": "`<phase>-<question>`: the episodes of one question (the group of GRPO and RLOO; the certificate "
-                    "clusters its standard error by it)",
+        "clusters its standard error by it)",
         "pipeline": "the pipeline's name",
         "success": "the episode solved its problem",
         "outcome": "the pipeline's score of the episode in [0, 1]: MathChat 1 or 0, deep research F1 or exact match "
-                   "(`pipeline.reward`), DSBench the gain over the trivial predictor",
+        "(`pipeline.reward`), DSBench the gain over the trivial predictor",
         "metrics": "per-episode metrics: `greedy`, `infra_error` and the pipeline's own (e.g. MathChat "
-                   "`code_error`, `code_correct`; deep research `em`, `f1`, `tool_calls`, `s1_*`)",
+        "`code_error`, `code_correct`; deep research `em`, `f1`, `tool_calls`, `s1_*`)",
         "final_answer": "the team's final answer",
         "num_turns": "the episode's number of actions",
         "policy_versions": "role -> the policy version it played at",
         "question": "the problem as the team was given it",
         "answer": "the expected answer",
         "infra_error": "null unless an infrastructure fault hit the episode: `<kind>: <message>` (the episode is "
-                       "not scored)",
+        "not scored)",
     },
     "actions": {
         "role": "the role (the agent's name)",
@@ -254,9 +310,9 @@ COLUMNS: dict[str, dict[str, str]] = {
         "response_ids": "the response's token ids",
         "logprobs": "each response token's log-prob under the sampling distribution, log softmax(logits / T)",
         "ref_logprobs": "the same under the frozen reference model; null where no reference pass ran (evaluation, "
-                        "`algorithm.kl_coef: 0`)",
+        "`algorithm.kl_coef: 0`)",
         "tool_name": "the tool the action called: `python`, `search`, `answer` (deep research's System 2), `extract` "
-                     "(System 1), or null",
+        "(System 1), or null",
         "tool_input": "the tool's input (a program, search keywords); System 1: the purpose",
         "tool_output": "the tool's raw output; System 1: the packed bin it read",
         "parent_turn": "System 1: the turn of the System-2 tool call it extracts from; else null",
@@ -268,20 +324,20 @@ COLUMNS: dict[str, dict[str, str]] = {
         "coach_model": "`coach.model` for the `llm` backend, else the backend's name (`rubric`, `outcome`)",
         "latency_s": "seconds the score took",
         "status": "`ok`, `malformed`, `timeout`, `error` or `skipped` (not asked: the action is not at fault and "
-                  "has nothing to be judged on)",
+        "has nothing to be judged on)",
         "error_kind": "why a score is missing, finer: `timeout`, `rate_limited`, `server_error`, "
-                      "`connection_error`, `not_a_completion`, `no_valid_score`, `other`, `infra_sandbox`, "
-                      "`infra_tool`, `infra_scorer`",
+        "`connection_error`, `not_a_completion`, `no_valid_score`, `other`, `infra_sandbox`, "
+        "`infra_tool`, `infra_scorer`",
     },
     "advantages": {
         "reward": "the action's scalar score s(a) (REINFORCE++, GRPO, RLOO) or its trajectory's reward "
-                  "(`grpo_trajectory`); null without a score",
+        "(`grpo_trajectory`); null without a score",
         "advantages": "per-token advantages the loss uses (zeros where the action has no score)",
         "raw_advantages": "the same before any division by a standard deviation, in the reward's units (the "
-                          "certificate's); null without a score",
+        "certificate's); null without a score",
         "loss_mask": "1 on tokens the loss covers, 0 elsewhere",
         "weight": "how many times the action enters its update batch: 1, 0 (no score, or dropped by balanced "
-                  "sampling) or the duplication count of MARS's balanced sampling",
+        "sampling) or the duplication count of MARS's balanced sampling",
     },
     "updates": {
         "agent": "the weights unit updated: an agent, or the model several roles share (MARS `shared`)",
@@ -290,14 +346,14 @@ COLUMNS: dict[str, dict[str, str]] = {
         "surrogate_gain": "mean over episodes of the sum over the unit's tokens of (rho - 1) A, in reward units",
         "penalty": "the certificate's penalty: occupancy shift plus sampling error (`stale`, `teamtr` only)",
         "certificate": "surrogate_gain - penalty: a 95% lower bound on the update's true improvement (`stale`, "
-                       "`teamtr` only)",
+        "`teamtr` only)",
         "loss": "the update's loss (Stage-0: the reverse KL after)",
         "tokens": "response tokens trained on",
         "seconds": "wall time of the update",
         "version_before": "the version the update started from",
         "version_after": "the version it wrote (= version_before when skipped)",
         "skipped": "no new version: no scored actions, a non-finite loss or gradient, or a trust region that "
-                   "could not be met",
+        "could not be met",
         "reason": "why it was skipped, the step fraction kept by backtracking (`step x0.5`), or the Stage-0 summary",
     },
     "align": {
@@ -331,11 +387,17 @@ def _arrow(t: pa.DataType) -> str:
 
 
 def schemas_page() -> str:
-    lines = ["# Table schemas", "", f"<!-- {REGENERATE} -->", "",
-             "The column names and types of every table of a run (`infra/store.py`, `SCHEMAS`). They are the "
-             "contract: columns may be added, none renamed. A column added after a file was written reads as null. "
-             f"Tables join on ({', '.join(f'`{k}`' for k in KEYS)}); see [the run layout and data "
-             "contract](../concepts/data-contract.md).", ""]
+    lines = [
+        "# Table schemas",
+        "",
+        f"<!-- {REGENERATE} -->",
+        "",
+        "The column names and types of every table of a run (`infra/store.py`, `SCHEMAS`). They are the "
+        "contract: columns may be added, none renamed. A column added after a file was written reads as null. "
+        f"Tables join on ({', '.join(f'`{k}`' for k in KEYS)}); see [the run layout and data "
+        "contract](../concepts/data-contract.md).",
+        "",
+    ]
     for table, schema in SCHEMAS.items():
         if table not in TABLES:
             raise ValueError(f"table {table} has no description: add it to flows/reference.py TABLES")

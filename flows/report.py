@@ -1,4 +1,5 @@
 """Per-iteration metrics read back from the trajectory store (for MLflow, the CLI and the demo)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,7 +76,7 @@ def _greedy(eps: pd.DataFrame) -> pd.Series:
 
 def _cut(text: str, width: int) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def problem_table(run_dir: str | Path, iteration: int, phase: str = "eval", width: int = 60) -> pd.DataFrame:
@@ -84,11 +85,19 @@ def problem_table(run_dir: str | Path, iteration: int, phase: str = "eval", widt
     (yes / no, or `infra error` for an episode an infrastructure fault hit, which the success rate leaves out)."""
     eps = store.read_table(run_dir, "episodes", iteration, phase)
     eps = eps[_greedy(eps) == 1.0].sort_values("episode_id")
-    success = [("infra error" if isinstance(f, str) else "yes" if s else "no")
-               for s, f in zip(eps["success"], eps["infra_error"])]
-    return pd.DataFrame({"episode": eps["episode_id"], "question": eps["question"].map(lambda q: _cut(q, width)),
-                         "final answer": eps["final_answer"].map(lambda a: _cut(a, width)),
-                         "expected": eps["answer"].map(lambda a: _cut(a, width)), "success": success})
+    success = [
+        ("infra error" if isinstance(f, str) else "yes" if s else "no")
+        for s, f in zip(eps["success"], eps["infra_error"])
+    ]
+    return pd.DataFrame(
+        {
+            "episode": eps["episode_id"],
+            "question": eps["question"].map(lambda q: _cut(q, width)),
+            "final answer": eps["final_answer"].map(lambda a: _cut(a, width)),
+            "expected": eps["answer"].map(lambda a: _cut(a, width)),
+            "success": success,
+        }
+    )
 
 
 def group_success(eps: pd.DataFrame) -> dict[str, float]:
@@ -128,8 +137,9 @@ def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
 
 def agent_table(m: dict[str, float], agents: list[str]) -> list[dict]:
     """One row per agent from an iteration's metrics: every `<metric>/<agent>` key as column `<metric>`."""
-    return [{"agent": a, **{k.rsplit("/", 1)[0]: round(v, 4) for k, v in m.items() if k.endswith(f"/{a}")}}
-            for a in agents]
+    return [
+        {"agent": a, **{k.rsplit("/", 1)[0]: round(v, 4) for k, v in m.items() if k.endswith(f"/{a}")}} for a in agents
+    ]
 
 
 def run_table(run_dir: str | Path) -> pd.DataFrame:
@@ -154,8 +164,14 @@ def compact(df: pd.DataFrame) -> pd.DataFrame:
     keep = ["iteration", "phase", "success_rate", "success_ci_low", "success_ci_high"]
     keep += [c for c in df.columns if c.startswith(("coach_score/", "loss/"))]
     out = df[[c for c in keep if c in df.columns]]
-    return out.rename(columns=lambda c: c.replace("success_rate", "success").replace("success_ci_", "ci ")
-                      .replace("coach_score/", "coach\n").replace("loss/", "loss\n"))
+    return out.rename(
+        columns=lambda c: (
+            c.replace("success_rate", "success")
+            .replace("success_ci_", "ci ")
+            .replace("coach_score/", "coach\n")
+            .replace("loss/", "loss\n")
+        )
+    )
 
 
 def fmt(v) -> str:
@@ -180,8 +196,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax1.plot(tr["iteration"], tr["success_rate"], "o-", label="training rollouts (sampled)")
     if len(ev):
         err = np.vstack([ev["success_rate"] - ev["success_ci_low"], ev["success_ci_high"] - ev["success_rate"]])
-        ax1.errorbar(ev["iteration"], ev["success_rate"], yerr=err, fmt="s--", capsize=4,
-                     label="held-out (greedy, 95% CI)")
+        ax1.errorbar(
+            ev["iteration"], ev["success_rate"], yerr=err, fmt="s--", capsize=4, label="held-out (greedy, 95% CI)"
+        )
     ax1.set(xlabel="iteration", ylabel="success rate", title="team success", ylim=(-0.02, 1.02))
     ax1.legend(loc="best", fontsize=8)
     for col in [c for c in tr.columns if c.startswith("coach_score/")]:
@@ -202,9 +219,12 @@ def summary_markdown(run_dir: str | Path) -> str:
     lines = [f"# {Path(run_dir).name}", ""]
     if len(ev) >= 2:
         a, b = ev.iloc[0], ev.iloc[-1]
-        lines += [f"Held-out success: **{a['success']:.3f}** [{a['ci low']:.3f}, {a['ci high']:.3f}] at iteration "
-                  f"{int(a['iteration'])} -> **{b['success']:.3f}** [{b['ci low']:.3f}, {b['ci high']:.3f}] at "
-                  f"iteration {int(b['iteration'])} (greedy, 95% bootstrap CI)", ""]
+        lines += [
+            f"Held-out success: **{a['success']:.3f}** [{a['ci low']:.3f}, {a['ci high']:.3f}] at iteration "
+            f"{int(a['iteration'])} -> **{b['success']:.3f}** [{b['ci low']:.3f}, {b['ci high']:.3f}] at "
+            f"iteration {int(b['iteration'])} (greedy, 95% bootstrap CI)",
+            "",
+        ]
     cols = [c.replace("\n", " ") for c in df.columns]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]

@@ -2,6 +2,7 @@
 coach_evaluate -> compute_advantages -> update (one per weights unit: an agent's own weights, or the
 model several roles share; TeamTR resamples before each later unit's update), with held-out evaluation
 before the first and after the last iteration. Versions are per unit; a role plays at its unit's."""
+
 from __future__ import annotations
 
 import base64
@@ -82,9 +83,11 @@ def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
     return out
 
 
-def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, plain: bool = False,
-                    **kw) -> None:
+def score_partition(
+    run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, plain: bool = False, **kw
+) -> None:
     """collect_rollouts (System-1 `extract` runs inside, per turn) -> coach_evaluate -> compute_advantages."""
+
     def call(stage):  # a Prefect task run, or (plain) the task's function
         return stage.fn if plain else stage
 
@@ -93,8 +96,9 @@ def score_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], 
     timed(seconds, "compute_advantages", call(compute_advantages), run_dir, k, phase)
 
 
-def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int,
-              plain: bool = False) -> dict[str, float]:
+def iteration(
+    run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int, plain: bool = False
+) -> dict[str, float]:
     """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
     included). `plain`: the tasks' functions called directly, without Prefect task runs
     (benchmarks/bench_orchestration.py measures the difference)."""
@@ -106,8 +110,9 @@ def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, se
     for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
-            score_partition(run_dir, k, phase, role_versions(roles, current), seconds, plain,
-                            questions=algo.resample_questions)
+            score_partition(
+                run_dir, k, phase, role_versions(roles, current), seconds, plain, questions=algo.resample_questions
+            )
         step = update.fn if plain else update.with_options(task_run_name=f"update-{agent}")
         v = timed(seconds, "update", step, run_dir, k, phase, agent, versions[agent])
         if algo.strategy != "joint":
@@ -144,8 +149,9 @@ def no_heartbeat():
     fifth of the sub-flow run it wraps)."""
     ctx = get_settings_context()
     if not _no_heartbeat or _no_heartbeat[0][0] is not ctx.settings:
-        _no_heartbeat[:] = [(ctx.settings,
-                             ctx.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))]
+        _no_heartbeat[:] = [
+            (ctx.settings, ctx.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
+        ]
     with SettingsContext(profile=ctx.profile, settings=_no_heartbeat[0][1]):
         yield
 
@@ -184,22 +190,29 @@ def coach_bias_metrics(run_dir: str, k: int, type_key: str, names: dict[float, s
     from prefect.artifacts import create_markdown_artifact
 
     def table(it):
-        return by_task_type(store.read_table(run_dir, "episodes", it, "rollout"),
-                            store.load_actions(run_dir, it, "rollout"), type_key)
+        return by_task_type(
+            store.read_table(run_dir, "episodes", it, "rollout"), store.load_actions(run_dir, it, "rollout"), type_key
+        )
 
     cur = table(k)
     prev = table(k - 1) if k > 1 else cur.iloc[0:0]
     m: dict[str, float] = {}
     for kind, row in cur.iterrows():
         name = names.get(kind, str(kind))
-        flag = kind in prev.index and diverging(prev.at[kind, "coach"], row["coach"], prev.at[kind, "metric"],
-                                                row["metric"])
-        m |= {f"coach_bias/{name}/coach": row["coach"], f"coach_bias/{name}/metric": row["metric"],
-              f"coach_bias/{name}/diverging": float(flag)}
+        flag = kind in prev.index and diverging(
+            prev.at[kind, "coach"], row["coach"], prev.at[kind, "metric"], row["metric"]
+        )
+        m |= {
+            f"coach_bias/{name}/coach": row["coach"],
+            f"coach_bias/{name}/metric": row["metric"],
+            f"coach_bias/{name}/diverging": float(flag),
+        }
         if flag:
-            msg = (f"iteration {k}, {name} tasks: the coach's mean score rose from {prev.at[kind, 'coach']:.2f} to "
-                   f"{row['coach']:.2f} (of 1) while the metric went from {prev.at[kind, 'metric']:.2f} to "
-                   f"{row['metric']:.2f}: the agents may be exploiting a coach bias")
+            msg = (
+                f"iteration {k}, {name} tasks: the coach's mean score rose from {prev.at[kind, 'coach']:.2f} to "
+                f"{row['coach']:.2f} (of 1) while the metric went from {prev.at[kind, 'metric']:.2f} to "
+                f"{row['metric']:.2f}: the agents may be exploiting a coach bias"
+            )
             get_run_logger().warning(msg)
             key = f"coach-bias-{k}-{name}".replace("_", "-")  # artifact keys: lowercase letters, digits, dashes
             create_markdown_artifact(f"## Coach-bias warning\n\n{msg}.\n", key=key)
@@ -215,9 +228,12 @@ def publish_iteration(run_dir: Path, k: int, m: dict[str, float], agents: list[s
     """Iteration k's per-agent metrics as a Prefect table artifact (one version per iteration)."""
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(agent_table(m, agents), key=artifact_key(run_dir.name, "agents"),
-                          description=f"iteration {k}: success {m.get('success_rate', float('nan')):.3f}; "
-                          "per-agent coach score, reward, loss, KL, certificate")
+    create_table_artifact(
+        agent_table(m, agents),
+        key=artifact_key(run_dir.name, "agents"),
+        description=f"iteration {k}: success {m.get('success_rate', float('nan')):.3f}; "
+        "per-agent coach score, reward, loss, KL, certificate",
+    )
 
 
 def publish_registry(cfg: RunConfig, run_dir: Path, tracker: Tracker, agents: list[str], final: dict) -> None:
@@ -226,14 +242,22 @@ def publish_registry(cfg: RunConfig, run_dir: Path, tracker: Tracker, agents: li
     from prefect.artifacts import create_link_artifact
 
     versions = {a: latest_version(run_dir, a) for a in agents}
-    tags = {"teamrl.run_id": run_dir.name, "teamrl.pipeline": cfg.pipeline.name, "teamrl.model": cfg.model.name,
-            "teamrl.weights": cfg.model.weights, "teamrl.iteration": str(cfg.iterations)}
+    tags = {
+        "teamrl.run_id": run_dir.name,
+        "teamrl.pipeline": cfg.pipeline.name,
+        "teamrl.model": cfg.model.name,
+        "teamrl.weights": cfg.model.weights,
+        "teamrl.iteration": str(cfg.iterations),
+    }
     for r in tracker.register(cfg.run.registry or cfg.preset, versions, tags, final.get("success_rate")):
         get_run_logger().info("registered models:/%s/%s%s", r.name, r.version, " (now @best)" if r.best else "")
     if tracker.enabled:
-        create_link_artifact(tracker.ui_link(), link_text=f"MLflow run {tracker.run_id}",
-                             key=artifact_key(run_dir.name, "mlflow"),
-                             description="metrics, parameters, checkpoints and the summary plot of this run")
+        create_link_artifact(
+            tracker.ui_link(),
+            link_text=f"MLflow run {tracker.run_id}",
+            key=artifact_key(run_dir.name, "mlflow"),
+            description="metrics, parameters, checkpoints and the summary plot of this run",
+        )
 
 
 def publish_summary(run_dir: Path, tracker: Tracker) -> None:
@@ -246,9 +270,11 @@ def publish_summary(run_dir: Path, tracker: Tracker) -> None:
     tracker.log_artifact(png, "summary")
     tracker.log_artifact(run_dir / "summary.md", "summary")
     b64 = base64.b64encode(png.read_bytes()).decode()
-    create_markdown_artifact(key=artifact_key("summary", run_dir.name),
-                             markdown=md + f"\n\n![summary](data:image/png;base64,{b64})\n\nPlot file: `{png}`",
-                             description="held-out success before/after training and coach score per agent")
+    create_markdown_artifact(
+        key=artifact_key("summary", run_dir.name),
+        markdown=md + f"\n\n![summary](data:image/png;base64,{b64})\n\nPlot file: `{png}`",
+        description="held-out success before/after training and coach score per agent",
+    )
 
 
 def _flow_run_name() -> str:
@@ -272,8 +298,9 @@ def crash_orphans(run_dir: Path) -> None:
     """Mark Crashed the flow runs that killed processes left unfinished on this run (infra/flow_runs.py)."""
     msg = f"its process was killed; marked Crashed by flow run {flow_run.id}, which reopened run {run_dir.name}"
     if marked := flow_runs.crash_orphans(run_dir, flow_run.id, msg):
-        get_run_logger().warning("marked Crashed the flow run(s) %s, left unfinished by a killed process",
-                                 ", ".join(marked))
+        get_run_logger().warning(
+            "marked Crashed the flow run(s) %s, left unfinished by a killed process", ", ".join(marked)
+        )
 
 
 @flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
@@ -301,8 +328,14 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             if not (run_dir / "checkpoints" / a / "v0000").exists():
                 policy.load(rd, a, 0)  # the initial weights
                 policy.save(rd, a, 0)
-        tracker = Tracker(run_dir, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri,
-                          cfg.model_dump(mode="json"), enabled=cfg.run.mlflow)
+        tracker = Tracker(
+            run_dir,
+            cfg.run.dir,
+            cfg.run.experiment,
+            cfg.run.tracking_uri,
+            cfg.model_dump(mode="json"),
+            enabled=cfg.run.mlflow,
+        )
         try:
             final: dict[str, float] = {}  # the latest held-out metrics
             if cfg.evaluate:
@@ -310,9 +343,12 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
             for k in range(1, cfg.iterations + 1):
                 m = train_iteration(run_dir, k, agents, cfg, tracker)
-                logger.info("iteration %d: success %.3f, %s", k, m.get("success_rate", float("nan")),
-                            ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}"
-                                      for a in context.weights(rd)))
+                logger.info(
+                    "iteration %d: success %.3f, %s",
+                    k,
+                    m.get("success_rate", float("nan")),
+                    ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in context.weights(rd)),
+                )
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
                     final = evaluate_partition(rd, k)
                     tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)

@@ -2,6 +2,7 @@
 the parent process dies, however it dies (Linux's parent-death signal; elsewhere COMMAND outlives a killed
 parent). Run by path in isolated mode, before any package is imported: it needs only the standard library,
 and a folder named like one of teamrl's packages in the working directory cannot stand in for it."""
+
 import os
 import signal
 import sys

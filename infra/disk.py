@@ -2,6 +2,7 @@
 names and rename into place inside `writing`: when a write fails, its temporaries are removed, so no partial
 file remains, and a full disk (or quota) is raised as `DiskFullError`, which names the file and the space
 left. The run then resumes once space is freed (`teamrl train --resume`)."""
+
 from __future__ import annotations
 
 import errno

@@ -10,6 +10,7 @@ update) fires in the middle of that stage, after its work and before its output 
 `partition` fires inside a Parquet write (temp file written, not yet renamed); `checkpoint` inside a
 checkpoint write (folder written, not yet renamed into place).
 """
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ flow-run retry` refuses them (it retries finished runs only). So every flow run 
 is recorded in the run folder (`flow_runs`, one id a line). The next one to take the lock knows that no
 earlier one is still alive, and marks those still unfinished Crashed.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -64,15 +65,22 @@ def crash_orphans(run_dir: str | Path, current: str, message: str) -> list[str]:
     unfinished = [StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
     flow_state = FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))
     with get_client(sync_client=True) as client:
-        orphans = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[uuid.UUID(i) for i in earlier]), state=flow_state))
+        orphans = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in earlier]), state=flow_state)
+        )
         if not orphans:
             return []
-        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[f.id for f in orphans]), state=flow_state))
-        tasks = client.read_task_runs(task_run_filter=TaskRunFilter(
-            flow_run_id=TaskRunFilterFlowRunId(any_=[f.id for f in orphans + subs]),
-            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=unfinished))))
+        subs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[f.id for f in orphans]), state=flow_state
+            )
+        )
+        tasks = client.read_task_runs(
+            task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[f.id for f in orphans + subs]),
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=unfinished)),
+            )
+        )
         for t in tasks:
             client.set_task_run_state(t.id, Crashed(message=message), force=True)
         for f in subs + orphans:

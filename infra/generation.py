@@ -1,6 +1,7 @@
 """Generation and scoring on a transformers model: batched sampling that returns token ids with their
 log-probs (the `hf` engine, infra/engines/hf.py), and batched log-prob scoring of given responses (the
 reference policy, the trainers)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,8 +23,8 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     ids = torch.full((len(seqs), n), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), n), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, n - len(s):] = 1
+        ids[i, n - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, n - len(s) :] = 1
     return ids, mask
 
 
@@ -46,8 +47,9 @@ class Sampler(LogitsProcessor):
         else:  # the first token whose cumulative probability exceeds u ~ U(0, total)
             cdf = logp.exp().cumsum(-1)
             if not torch.isfinite(cdf[:, -1]).all():
-                raise FloatingPointError("the model's next-token logits are not finite (NaN or inf weights?): "
-                                         "nothing to sample from")
+                raise FloatingPointError(
+                    "the model's next-token logits are not finite (NaN or inf weights?): nothing to sample from"
+                )
             u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
             token = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
         self.chosen.append(logp.gather(-1, token).squeeze(-1))
@@ -65,7 +67,7 @@ class StopOnText(StoppingCriteria):
         self.tokenizer, self.stops, self.prompt_len = tokenizer, tuple(stops), prompt_len
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len :], skip_special_tokens=True)
         return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
 
 
@@ -76,14 +78,25 @@ def response_end(tokenizer, toks: list[int], stop_ids: set[int], stop_strings: S
     text = tokenizer.decode(toks[:end], skip_special_tokens=True)
     if not any(s in text for s in stop_strings):
         return end
-    return next(k for k in range(1, len(toks) + 1)
-                if any(s in tokenizer.decode(toks[:k], skip_special_tokens=True) for s in stop_strings))
+    return next(
+        k
+        for k in range(1, len(toks) + 1)
+        if any(s in tokenizer.decode(toks[:k], skip_special_tokens=True) for s in stop_strings)
+    )
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-             greedy: bool = False, batch_size: int = 16, stop_ids: list[int] | None = None,
-             stop_strings: Sequence[str] = ()) -> list[Generation]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    batch_size: int = 16,
+    stop_ids: list[int] | None = None,
+    stop_strings: Sequence[str] = (),
+) -> list[Generation]:
     """Sample one response per prompt, ending at a stop token (default: end of sequence) or once the
     response's text contains a stop string (kept in the response). Log-probs are of the sampling
     distribution, softmax(logits / T) (greedy: T = 1), so training with the same T is on-policy."""
@@ -91,25 +104,37 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
     results: dict[int, Generation] = {}
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         ids, mask = _left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
         ids, mask = ids.to(_device(model)), mask.to(_device(model))
         criteria = StoppingCriteriaList([StopOnText(tokenizer, stop_strings, ids.shape[1])] if stop_strings else [])
         sampler = Sampler(temperature, greedy)
-        seqs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                              do_sample=False, temperature=None, top_k=None, top_p=None,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop),
-                              logits_processor=LogitsProcessorList([sampler]), stopping_criteria=criteria)
-        new = seqs[:, ids.shape[1]:]
+        seqs = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_k=None,
+            top_p=None,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=sorted(stop),
+            logits_processor=LogitsProcessorList([sampler]),
+            stopping_criteria=criteria,
+        )
+        new = seqs[:, ids.shape[1] :]
         chosen = sampler.logprobs()
         for row, i in enumerate(idx):
             toks = new[row].tolist()
             end = response_end(tokenizer, toks, stop, stop_strings)
-            resp = toks[:end if end is not None else len(toks)]
-            results[i] = Generation(prompt_ids=list(prompts[i]), response_ids=resp,
-                                    logprobs=chosen[row, :len(resp)].tolist(),
-                                    text=tokenizer.decode(resp, skip_special_tokens=True),
-                                    truncated=end is None)
+            resp = toks[: end if end is not None else len(toks)]
+            results[i] = Generation(
+                prompt_ids=list(prompts[i]),
+                response_ids=resp,
+                logprobs=chosen[row, : len(resp)].tolist(),
+                text=tokenizer.decode(resp, skip_special_tokens=True),
+                truncated=end is None,
+            )
     return [results[i] for i in range(len(prompts))]
 
 
@@ -118,8 +143,9 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, te
 PACK_TOKENS = 2048
 
 
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                    share_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def response_logits(
+    model, prompts: list[list[int]], responses: list[list[int]], pad_id: int, share_prompt: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [B, R_max, V] of the next-token distribution at each response position, teacher-forced on
     the responses; response ids [B, R_max]; 0/1 mask [B, R_max]).
 
@@ -133,8 +159,8 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     ids_r = torch.full((len(responses), r_max), pad_id, dtype=torch.long)
     mask_r = torch.zeros((len(responses), r_max), dtype=torch.long)
     for i, r in enumerate(responses):
-        ids_r[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask_r[i, :len(r)] = 1
+        ids_r[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask_r[i, : len(r)] = 1
     dev = _device(model)
     ids_r, mask_r = ids_r.to(dev), mask_r.to(dev)
     row_prompts, length, row_of, open_row = [], [], [], {}  # packed rows: their prompt and length
@@ -156,8 +182,9 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     return logits[:, :-1], ids_r, mask_r
 
 
-def _packed_logits(model, row_prompts: list[list[int]], row_of: list[int], responses: list[list[int]], r_max: int,
-                   pad_id: int) -> torch.Tensor:
+def _packed_logits(
+    model, row_prompts: list[list[int]], row_of: list[int], responses: list[list[int]], r_max: int, pad_id: int
+) -> torch.Tensor:
     """Response logits [B, R_max, V] when response i is packed in row `row_of[i]`, after that row's prompt
     `row_prompts[row_of[i]]`, in one forward pass. Every response's tokens take the positions they would
     have right after the prompt, and a 4D attention mask lets them see the prompt and their own earlier
@@ -172,16 +199,20 @@ def _packed_logits(model, row_prompts: list[list[int]], row_of: list[int], respo
     seg = torch.full((k_rows, n), -1, dtype=torch.long)  # 0: prompt, i + 1: response i, -1: padding
     end = [len(p) for p in row_prompts]
     for k, p in enumerate(row_prompts):
-        ids[k, :len(p)], pos[k, :len(p)], seg[k, :len(p)] = torch.tensor(p, dtype=torch.long), torch.arange(len(p)), 0
+        ids[k, : len(p)], pos[k, : len(p)], seg[k, : len(p)] = (
+            torch.tensor(p, dtype=torch.long),
+            torch.arange(len(p)),
+            0,
+        )
     rows = torch.zeros((len(responses), r_max), dtype=torch.long)
     cols = torch.zeros((len(responses), r_max), dtype=torch.long)
     for i, r in enumerate(responses):
         k = row_of[i]
         o, p_len = end[k], len(row_prompts[k])
-        ids[k, o:o + len(r)], seg[k, o:o + len(r)] = torch.tensor(r, dtype=torch.long), i + 1
-        pos[k, o:o + len(r)] = p_len + torch.arange(len(r))
+        ids[k, o : o + len(r)], seg[k, o : o + len(r)] = torch.tensor(r, dtype=torch.long), i + 1
+        pos[k, o : o + len(r)] = p_len + torch.arange(len(r))
         rows[i] = k
-        cols[i, :len(r)] = torch.tensor([p_len - 1] + list(range(o, o + len(r) - 1)))[:len(r)]  # where predicted
+        cols[i, : len(r)] = torch.tensor([p_len - 1] + list(range(o, o + len(r) - 1)))[: len(r)]  # where predicted
         end[k] += len(r)
     q, kv = seg[:, :, None], seg[:, None, :]
     see = torch.ones(n, n, dtype=torch.bool).tril() & (kv >= 0) & ((kv == 0) | (kv == q))
@@ -189,13 +220,20 @@ def _packed_logits(model, row_prompts: list[list[int]], row_of: list[int], respo
     dtype = model.get_input_embeddings().weight.dtype
     mask = torch.zeros(see.shape, dtype=dtype).masked_fill(~see, torch.finfo(dtype).min)[:, None]
     first = min(len(p) for p in row_prompts) - 1  # no logits before the shortest prompt's last token
-    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                   logits_to_keep=n - first).logits
+    logits = model(
+        input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), logits_to_keep=n - first
+    ).logits
     return logits[rows.to(dev), (cols - first).clamp(min=0).to(dev)]
 
 
-def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      temperature: float = 1.0, share_prompt: bool = True) -> torch.Tensor:
+def response_logprobs(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    pad_id: int,
+    temperature: float = 1.0,
+    share_prompt: bool = True,
+) -> torch.Tensor:
     """Log-probs under softmax(logits / T) of each response token given its prompt, as a [B, R_max]
     tensor (0 past each end). Keeps the autograd graph (use no_grad to score)."""
     logits, ids_r, mask_r = response_logits(model, prompts, responses, pad_id, share_prompt)
@@ -205,17 +243,23 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
 
 
 @torch.no_grad()
-def score_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                   batch_size: int = 16, temperature: float = 1.0) -> list[list[float]]:
+def score_logprobs(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    pad_id: int,
+    batch_size: int = 16,
+    temperature: float = 1.0,
+) -> list[list[float]]:
     """Batched, gradient-free response log-probs as ragged lists."""
     out: list[list[float]] = [[] for _ in prompts]
     # prompts of similar length batch together, and the samples of one prompt next to each other (packed)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(responses[i])))
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         lp = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id, temperature)
         for row, i in enumerate(idx):
-            out[i] = lp[row, :len(responses[i])].tolist()
+            out[i] = lp[row, : len(responses[i])].tolist()
     return out
 
 
@@ -233,12 +277,13 @@ def continue_chat(tokenizer, response_ids: list[int], content: str) -> list[int]
     position in one trajectory sequence (MARS trains System 2 on that sequence, observations masked)."""
     base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     closed = tokenizer.apply_chat_template(base, tokenize=False)
-    longer = tokenizer.apply_chat_template(base + [{"role": "user", "content": content}], add_generation_prompt=True,
-                                           tokenize=False)
+    longer = tokenizer.apply_chat_template(
+        base + [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
     if not longer.startswith(closed):
         raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
-    close = closed[closed.rindex("y") + 1:]  # what ends an assistant turn, e.g. "<|im_end|>\n"
+    close = closed[closed.rindex("y") + 1 :]  # what ends an assistant turn, e.g. "<|im_end|>\n"
     eos = tokenizer.eos_token or ""
     if response_ids and response_ids[-1] == tokenizer.eos_token_id and close.startswith(eos):
-        close = close[len(eos):]  # the response already ends with the end-of-turn token
-    return tokenizer(close + longer[len(closed):], add_special_tokens=False)["input_ids"]
+        close = close[len(eos) :]  # the response already ends with the end-of-turn token
+    return tokenizer(close + longer[len(closed) :], add_special_tokens=False)["input_ids"]

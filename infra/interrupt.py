@@ -18,6 +18,7 @@ Either way the process ends killed by SIGINT, as Python ends on an uncaught Keyb
 status 130, and a shell script that runs the command stops too; an ordinary exit status would tell the shell
 that the command handled the Ctrl-C itself, and the script would go on to its next command.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,8 +42,10 @@ def stop_on_ctrl_c(grace_s: float = GRACE_S):
     """The block with the Ctrl-C behaviour above; its caller catches the KeyboardInterrupt and returns or
     exits, and the process then ends killed by SIGINT once the exit handlers have run. Does nothing off the
     main thread, or where SIGINT is ignored (a background job of a shell script) or handled by someone else."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     # registered before the exit handlers of what the block starts (Prefect's temporary server), so it runs after them
@@ -120,7 +123,7 @@ def _sender(ancillary: list) -> int | None:
     """The pid in a message's SCM_CREDENTIALS (struct ucred: pid, uid, gid)."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            return struct.unpack("3i", data[:struct.calcsize("3i")])[0]
+            return struct.unpack("3i", data[: struct.calcsize("3i")])[0]
     return None
 
 

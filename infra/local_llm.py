@@ -1,5 +1,6 @@
 """A local OpenAI-compatible server for the `llm` coach: `transformers serve` on 127.0.0.1, for tests and
 measurements that need a real endpoint and no network (a stronger coach belongs on a vLLM server)."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,12 @@ def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
     exe = Path(sys.executable).parent / "transformers"
     # the server ends with this process however it ends (infra/die_with_parent.py), not only at the block's exit
     launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid())]
-    proc = subprocess.Popen([*launcher, str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*launcher, str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout_s

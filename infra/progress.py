@@ -1,5 +1,6 @@
 """Progress of rollouts and updates: a rich bar on the console (quiet when TEAMRL_PROGRESS=0) and, inside
 a Prefect flow or task run, a progress artifact the Prefect UI shows on that run's page."""
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,13 @@ def progress_bar(description: str, total: int):
         if os.environ.get("TEAMRL_PROGRESS", "1") == "0":
             yield step
         else:
-            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), transient=True) as bar:
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=True,
+            ) as bar:
                 tid = bar.add_task(description, total=total)
                 yield lambda n=1: step(n, bar, tid)
     except BaseException:

@@ -2,6 +2,7 @@
 training run (its final checkpoint, logged as the run's `checkpoints/<agent>/vNNNN` artifact), and the
 alias `best` on the version with the highest held-out success. MLflow reserves `@latest` and resolves it
 to the newest version itself, so `models:/<name>@latest` and `models:/<name>@best` both load."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,7 @@ SUCCESS_TAG = "teamrl.eval_success"
 class Registered:
     name: str
     version: str
-    best: bool          # the `best` alias points at this version now
+    best: bool  # the `best` alias points at this version now
 
 
 def model_name(prefix: str, agent: str) -> str:
@@ -24,8 +25,9 @@ def model_name(prefix: str, agent: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{prefix}-{agent}")
 
 
-def register_agents(client, mlflow_run_id: str, prefix: str, versions: dict[str, int], tags: dict[str, str],
-                    success: float | None) -> list[Registered]:
+def register_agents(
+    client, mlflow_run_id: str, prefix: str, versions: dict[str, int], tags: dict[str, str], success: float | None
+) -> list[Registered]:
     """Register each agent's checkpoint `versions[agent]` of this MLflow run (idempotent: a resumed run
     does not add the same checkpoint twice); move `best` when `success` beats the current best's."""
     from mlflow.exceptions import MlflowException
@@ -38,12 +40,24 @@ def register_agents(client, mlflow_run_id: str, prefix: str, versions: dict[str,
             client.get_registered_model(name)
         except MlflowException:
             client.create_registered_model(name, description=f"teamrl agent `{agent}` ({prefix})")
-        mine = {"teamrl.agent": agent, "teamrl.checkpoint": str(ckpt), **tags,
-                **({SUCCESS_TAG: f"{success:.6f}"} if success is not None else {})}
-        same = [v for v in client.search_model_versions(f"name='{name}' and run_id='{mlflow_run_id}'")
-                if v.tags.get("teamrl.checkpoint") == str(ckpt)]
-        mv = same[0] if same else client.create_model_version(
-            name, f"{artifacts}/checkpoints/{agent}/v{ckpt:04d}", run_id=mlflow_run_id, tags=mine)
+        mine = {
+            "teamrl.agent": agent,
+            "teamrl.checkpoint": str(ckpt),
+            **tags,
+            **({SUCCESS_TAG: f"{success:.6f}"} if success is not None else {}),
+        }
+        same = [
+            v
+            for v in client.search_model_versions(f"name='{name}' and run_id='{mlflow_run_id}'")
+            if v.tags.get("teamrl.checkpoint") == str(ckpt)
+        ]
+        mv = (
+            same[0]
+            if same
+            else client.create_model_version(
+                name, f"{artifacts}/checkpoints/{agent}/v{ckpt:04d}", run_id=mlflow_run_id, tags=mine
+            )
+        )
         best = success is not None and success > _best_success(client, name)
         if best:
             client.set_registered_model_alias(name, "best", mv.version)
@@ -82,12 +96,16 @@ def resolve(uri: str, tracking_uri: str, dst: str | Path):
         raise ValueError(f"{uri!r} is not a registry URI: expected models:/<name>@<alias> or models:/<name>/<version>")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
-        mv = (client.get_model_version_by_alias(m["name"], m["alias"]) if m["alias"]
-              else client.get_model_version(m["name"], m["version"]))
+        mv = (
+            client.get_model_version_by_alias(m["name"], m["alias"])
+            if m["alias"]
+            else client.get_model_version(m["name"], m["version"])
+        )
     except MlflowException as e:
         known = sorted(r.name for r in client.search_registered_models())
-        raise ValueError(f"{uri}: {e.message.splitlines()[0]} (registered models in {tracking_uri}: "
-                         f"{', '.join(known) or 'none'})") from None
+        raise ValueError(
+            f"{uri}: {e.message.splitlines()[0]} (registered models in {tracking_uri}: {', '.join(known) or 'none'})"
+        ) from None
     if "teamrl.agent" not in mv.tags:
         raise ValueError(f"{uri} (version {mv.version}) was not registered by teamrl: it has no teamrl.agent tag")
     local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst), tracking_uri=tracking_uri)

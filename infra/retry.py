@@ -4,6 +4,7 @@ or a scorer that raised), told apart from what the agents did, retried with back
 An episode that met one is not scored: its actions get no score and no gradient (`coach` status
 `error`, `error_kind` `infra_<kind>`), since what the agents saw or how they were judged was not theirs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,7 +46,7 @@ def with_retries(fn: Callable[[], T], kind: InfraKind, what: str, retries: int =
             log.warning("%s failed (attempt %d of %d): %s: %s", what, attempt + 1, retries + 1, type(e).__name__, e)
             if attempt == retries:
                 raise InfraFault(kind, f"{what} failed: {type(e).__name__}: {e}") from e
-            sleep(backoff_s * 2 ** attempt)
+            sleep(backoff_s * 2**attempt)
     raise AssertionError("unreachable")
 
 
@@ -59,4 +60,5 @@ def infra_share_check(hit: int, total: int, limit: float, where: str, first: str
         raise InfraFaultsExceeded(
             f"{where}: {hit} of {total} actions ({hit / total:.0%}) were left unscored by infrastructure faults, "
             f"more than rollout.max_infra_share={limit:g} (first: {first}); nothing of this stage was kept. "
-            "Fix the host (sandbox, tool backends, scorer), then resume the run")
+            "Fix the host (sandbox, tool backends, scorer), then resume the run"
+        )

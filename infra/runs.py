@@ -1,4 +1,5 @@
 """Run folders: creation (config.yaml written last-step-atomically), lookup and the single-writer lock."""
+
 from __future__ import annotations
 
 import fcntl
@@ -40,8 +41,11 @@ def create_run(root: str | Path, run_id: str, config: dict, flow_run_id: str | N
         raise FileExistsError(f"run {run_id!r} already exists in {root}; use --resume {run_id} to continue it")
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".config-{uuid.uuid4().hex}.yaml"
-    tmp.write_text(yaml.safe_dump({"run_id": run_id, "nonce": uuid.uuid4().hex, "flow_run_id": flow_run_id} | config,
-                                  sort_keys=False))
+    tmp.write_text(
+        yaml.safe_dump(
+            {"run_id": run_id, "nonce": uuid.uuid4().hex, "flow_run_id": flow_run_id} | config, sort_keys=False
+        )
+    )
     os.replace(tmp, d / "config.yaml")
     return d
 
@@ -50,8 +54,10 @@ def extend_run(run_dir: str | Path, iterations: int) -> None:
     """Raise a run's saved iteration count (config.yaml rewritten atomically; its identity kept)."""
     raw = read_run_config(run_dir)
     if iterations < raw["iterations"]:
-        raise RunShrinkError(f"run {Path(run_dir).name!r} is configured for {raw['iterations']} iterations; "
-                         f"it can be extended, not shortened to {iterations}")
+        raise RunShrinkError(
+            f"run {Path(run_dir).name!r} is configured for {raw['iterations']} iterations; "
+            f"it can be extended, not shortened to {iterations}"
+        )
     tmp = Path(run_dir) / f".config-{uuid.uuid4().hex}.yaml"
     tmp.write_text(yaml.safe_dump(raw | {"iterations": iterations}, sort_keys=False))
     os.replace(tmp, Path(run_dir) / "config.yaml")
@@ -69,7 +75,7 @@ def read_run_config(run_dir: str | Path) -> dict:
     try:
         text = data.decode()
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = data[: e.start].count(b"\n") + 1
         raise RunConfigError(f"{p}, line {line}: not UTF-8 text; {fix}") from e
     try:
         raw = yaml.safe_load(text)
@@ -141,8 +147,10 @@ def run_lock(run_dir: str | Path):
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.close()
-        raise RunLockedError(f"run {Path(run_dir).name!r} is being written by another process "
-                             f"(lock {path}); wait for it to finish or stop it first") from None
+        raise RunLockedError(
+            f"run {Path(run_dir).name!r} is being written by another process "
+            f"(lock {path}); wait for it to finish or stop it first"
+        ) from None
     try:
         fh.seek(0), fh.truncate(), fh.write(str(os.getpid())), fh.flush()
         yield

@@ -17,6 +17,7 @@ directory, an empty /tmp, and every process it started dies with the sandbox (ev
 the process group). `rlimits` (or `auto` without bubblewrap) lacks the first three; the fourth holds
 there too when the call has a uid or cgroup of its own (every process of it is killed).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,29 +48,56 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     isolation: Literal["auto", "bwrap", "rlimits"] = Field(
-        "auto", description="`bwrap`: bubblewrap namespaces required (an error if unusable); `rlimits`: "
-        "resource limits only; `auto`: bwrap where usable, else rlimits with a warning")
+        "auto",
+        description="`bwrap`: bubblewrap namespaces required (an error if unusable); `rlimits`: "
+        "resource limits only; `auto`: bwrap where usable, else rlimits with a warning",
+    )
     timeout_s: float = Field(5.0, gt=0, le=600, description="wall-clock limit; the whole process group is killed")
     cpu_s: int = Field(5, ge=1, description="CPU-time limit (RLIMIT_CPU)")
     memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS)")
     max_output_bytes: int = Field(4096, ge=64, description="stdout/stderr kept per stream; the rest is dropped")
     max_file_mb: int = Field(8, ge=1, description="largest file or output stream the code may write (RLIMIT_FSIZE)")
-    max_processes: int = Field(64, ge=1, description="processes one call may run at once (RLIMIT_NPROC of its "
-                               "uid, and pids.max of its cgroup)")
-    call_memory_mb: int = Field(2048, ge=64, description="memory of all the call's processes together (its "
-                                "cgroup's limit, where the host allows per-call cgroups)")
-    uid_base: int = Field(2_147_000_000, ge=1, le=2**31 - 2**16 - 2, description="first uid of the pool the calls run as "
-                          "when the trainer is root (one uid per concurrent call on the host; uid = gid); pick a "
-                          "range no account or subuid map uses")
-    uid_count: int = Field(64, ge=1, le=65536, description="uids in the pool: the most calls that run at once on "
-                           "the host (more wait for a free uid)")
-    start_retries: int = Field(3, ge=0, le=10, description="retries of a call that failed to start (an "
-                               "infrastructure fault), with exponential backoff from `retry_backoff_s`")
+    max_processes: int = Field(
+        64, ge=1, description="processes one call may run at once (RLIMIT_NPROC of its uid, and pids.max of its cgroup)"
+    )
+    call_memory_mb: int = Field(
+        2048,
+        ge=64,
+        description="memory of all the call's processes together (its "
+        "cgroup's limit, where the host allows per-call cgroups)",
+    )
+    uid_base: int = Field(
+        2_147_000_000,
+        ge=1,
+        le=2**31 - 2**16 - 2,
+        description="first uid of the pool the calls run as "
+        "when the trainer is root (one uid per concurrent call on the host; uid = gid); pick a "
+        "range no account or subuid map uses",
+    )
+    uid_count: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="uids in the pool: the most calls that run at once on the host (more wait for a free uid)",
+    )
+    start_retries: int = Field(
+        3,
+        ge=0,
+        le=10,
+        description="retries of a call that failed to start (an "
+        "infrastructure fault), with exponential backoff from `retry_backoff_s`",
+    )
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="first retry's delay; doubled each retry")
-    python: str | None = Field(None, description="interpreter for agent code; default: this process's, or the "
-                               "system python3 when the sandbox user cannot run it")
-    site_packages: bool = Field(False, description="let agent code import the interpreter's installed packages "
-                                "(numpy, pandas, scikit-learn for data-science teams); off: the standard library only")
+    python: str | None = Field(
+        None,
+        description="interpreter for agent code; default: this process's, or the "
+        "system python3 when the sandbox user cannot run it",
+    )
+    site_packages: bool = Field(
+        False,
+        description="let agent code import the interpreter's installed packages "
+        "(numpy, pandas, scikit-learn for data-science teams); off: the standard library only",
+    )
 
 
 # starts the feedback of a program that never ran: told apart from the program's own errors
@@ -115,9 +143,27 @@ class SandboxResult:
 def _bwrap_argv(workdir: str) -> list[str]:
     """Read-only root, writable work dir, empty /tmp, fresh /proc and /dev, every namespace unshared
     (no network); --die-with-parent + the PID namespace take every descendant down with the sandbox."""
-    return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--bind", workdir, workdir, "--chdir", workdir, "--unshare-all", "--die-with-parent",
-            "--new-session", "--"]
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        workdir,
+        workdir,
+        "--chdir",
+        workdir,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--",
+    ]
 
 
 # The interpreter's first act: say on the status fd that the program is starting (and close the fd), then
@@ -172,11 +218,26 @@ def _shim(cfg: SandboxConfig, slot: sandbox_slots.Slot, status_fd: int, argv: li
     # as root the code runs as the slot's own uid, whose count starts at 0; otherwise add our own processes
     nproc = cfg.max_processes + (0 if slot.uid is not None else _user_processes())
     mem, fsz = cfg.memory_mb * 1024 * 1024, cfg.max_file_mb * 1024 * 1024
-    limits = {"CPU": (cfg.cpu_s, cfg.cpu_s + 1),  # SIGXCPU at the soft limit (a timeout), SIGKILL 1 s later
-              "AS": (mem, mem), "FSIZE": (fsz, fsz), "CORE": (0, 0), "NPROC": (nproc, nproc)}
-    return [sys.executable, "-I", "-S", "-c", _LIMITS_SHIM,
-            str(status_fd), *(f"CGROUP={g}" for g in slot.cgroups), *([f"UID={slot.uid}"] if slot.uid is not None else []),
-            *(f"{k}={a}:{b}" for k, (a, b) in limits.items()), "--", *argv]
+    limits = {
+        "CPU": (cfg.cpu_s, cfg.cpu_s + 1),  # SIGXCPU at the soft limit (a timeout), SIGKILL 1 s later
+        "AS": (mem, mem),
+        "FSIZE": (fsz, fsz),
+        "CORE": (0, 0),
+        "NPROC": (nproc, nproc),
+    }
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _LIMITS_SHIM,
+        str(status_fd),
+        *(f"CGROUP={g}" for g in slot.cgroups),
+        *([f"UID={slot.uid}"] if slot.uid is not None else []),
+        *(f"{k}={a}:{b}" for k, (a, b) in limits.items()),
+        "--",
+        *argv,
+    ]
 
 
 def _slot(cfg: SandboxConfig):
@@ -189,8 +250,9 @@ def _host(cfg: SandboxConfig) -> tuple:
 
 
 @functools.cache
-def bwrap_problem(python: str | None = None, uid_base: int = SandboxConfig().uid_base,
-                  uid_count: int = SandboxConfig().uid_count) -> str | None:
+def bwrap_problem(
+    python: str | None = None, uid_base: int = SandboxConfig().uid_base, uid_count: int = SandboxConfig().uid_count
+) -> str | None:
     """None when bubblewrap works here, else why not."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
@@ -202,8 +264,9 @@ def bwrap_problem(python: str | None = None, uid_base: int = SandboxConfig().uid
 
 
 @functools.cache
-def interpreter(python: str | None = None, uid_base: int = SandboxConfig().uid_base,
-                uid_count: int = SandboxConfig().uid_count) -> str:
+def interpreter(
+    python: str | None = None, uid_base: int = SandboxConfig().uid_base, uid_count: int = SandboxConfig().uid_count
+) -> str:
     """The first of `python`, our interpreter, the system python3 that a sandbox uid can run."""
     own = os.path.realpath(sys.executable)
     if os.geteuid() != 0:
@@ -212,15 +275,24 @@ def interpreter(python: str | None = None, uid_base: int = SandboxConfig().uid_b
     with sandbox_slots.slot(uid_base, uid_count, 8, 256) as slot:
         for exe in candidates:
             try:
-                r = subprocess.run([exe, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30, cwd="/",
-                                   user=slot.uid, group=slot.uid, extra_groups=[])
+                r = subprocess.run(
+                    [exe, "-I", "-S", "-c", "pass"],
+                    capture_output=True,
+                    timeout=30,
+                    cwd="/",
+                    user=slot.uid,
+                    group=slot.uid,
+                    extra_groups=[],
+                )
             except OSError:
                 continue
             if r.returncode == 0:
                 return exe
-    raise SandboxUnavailable(f"no Python interpreter that the sandbox uids ({uid_base}..) may run among {candidates} "
-                             "(a root-only install, e.g. under /root, is not readable by them): install python3 "
-                             "from the system packages or set sandbox.python")
+    raise SandboxUnavailable(
+        f"no Python interpreter that the sandbox uids ({uid_base}..) may run among {candidates} "
+        "(a root-only install, e.g. under /root, is not readable by them): install python3 "
+        "from the system packages or set sandbox.python"
+    )
 
 
 def use_bwrap(cfg: SandboxConfig) -> bool:
@@ -229,8 +301,10 @@ def use_bwrap(cfg: SandboxConfig) -> bool:
         return False
     problem = bwrap_problem(*_host(cfg))
     if problem and cfg.isolation == "bwrap":
-        raise SandboxUnavailable(f"sandbox.isolation=bwrap but {problem}; install it or set "
-                                 "sandbox.isolation=rlimits (weaker: no network or filesystem isolation)")
+        raise SandboxUnavailable(
+            f"sandbox.isolation=bwrap but {problem}; install it or set "
+            "sandbox.isolation=rlimits (weaker: no network or filesystem isolation)"
+        )
     if problem:
         _warn_once(problem)
     return problem is None
@@ -264,10 +338,11 @@ def run_python(code: str, cfg: SandboxConfig | None = None, workdir: str | None 
         r = _run_in(code, cfg, workdir, bwrap)
         if r.infra_error is None:
             return r
-        log.warning("sandbox call failed to start (attempt %d of %d): %s", attempt + 1, cfg.start_retries + 1,
-                    r.infra_error)
+        log.warning(
+            "sandbox call failed to start (attempt %d of %d): %s", attempt + 1, cfg.start_retries + 1, r.infra_error
+        )
         if attempt < cfg.start_retries:
-            time.sleep(cfg.retry_backoff_s * 2 ** attempt)
+            time.sleep(cfg.retry_backoff_s * 2**attempt)
     return r
 
 
@@ -287,17 +362,25 @@ def _give_to(work: str, uid: int) -> None:
     for parent in Path(work).parents:  # the sandbox user must be able to walk down to it
         st = os.stat(parent)
         if not st.st_mode & 0o001 and st.st_uid != uid:
-            raise ValueError(f"work dir {work}: the sandbox users cannot enter {parent}; create team workspaces "
-                             f"under a world-searchable directory such as {tempfile.gettempdir()}")
+            raise ValueError(
+                f"work dir {work}: the sandbox users cannot enter {parent}; create team workspaces "
+                f"under a world-searchable directory such as {tempfile.gettempdir()}"
+            )
     for root, dirs, files in os.walk(work):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
             os.lchown(name, uid, uid)
 
 
-def _run_in_slot(code: str, cfg: SandboxConfig, work: str, bwrap: bool, slot: sandbox_slots.Slot,
-                 python: str) -> SandboxResult:
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+def _run_in_slot(
+    code: str, cfg: SandboxConfig, work: str, bwrap: bool, slot: sandbox_slots.Slot, python: str
+) -> SandboxResult:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
     if slot.uid is not None:
         _give_to(work, slot.uid)
     env["HOME"] = env["TMPDIR"] = work
@@ -315,9 +398,17 @@ def _run_in_slot(code: str, cfg: SandboxConfig, work: str, bwrap: bool, slot: sa
                 return SandboxResult("", "", None, False, work, infra_error=f"interpreter {python} is missing")
             argv = (_bwrap_argv(work) if bwrap else []) + [python, "-I", *site, "-c", _PRELUDE, str(status_w), script]
             try:
-                proc = subprocess.Popen(_shim(cfg, slot, status_w, argv), cwd=work, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                                        pass_fds=(status_w,))
+                proc = subprocess.Popen(
+                    _shim(cfg, slot, status_w, argv),
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(status_w,),
+                )
             except OSError as e:  # EAGAIN / ENOMEM at fork, a missing interpreter
                 return SandboxResult("", "", None, False, work, infra_error=f"spawn failed: {e}")
             os.close(status_w)

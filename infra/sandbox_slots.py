@@ -17,6 +17,7 @@ The mechanisms, chosen per host (`budgets()` says which):
   can make other calls fail to start; those calls are retried and then recorded as infrastructure faults
   (never as the program's failure). A warning says so once per process.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,8 +88,11 @@ def cgroup_parents() -> tuple[tuple[str, Path], ...]:
 
 def _limits(kind: str, max_processes: int, memory_mb: int) -> dict[str, str]:
     mem = str(memory_mb * 1024 * 1024)
-    return {"pids": {"pids.max": str(max_processes)}, "memory": {"memory.limit_in_bytes": mem},
-            "v2": {"pids.max": str(max_processes), "memory.max": mem, "memory.swap.max": "0"}}[kind]
+    return {
+        "pids": {"pids.max": str(max_processes)},
+        "memory": {"memory.limit_in_bytes": mem},
+        "v2": {"pids.max": str(max_processes), "memory.max": mem, "memory.swap.max": "0"},
+    }[kind]
 
 
 def _make_groups(parents, max_processes: int, memory_mb: int) -> list[Path]:
@@ -182,8 +186,10 @@ def _hold_uid(uid_base: int, uid_count: int, wait_s: float):
                 fh.close()  # closing releases the lock
             return
         if time.monotonic() > deadline:
-            raise NoFreeSlot(f"all {uid_count} sandbox uids ({uid_base}..{uid_base + uid_count - 1}) stayed busy "
-                             f"for {wait_s:.0f} s; raise sandbox.uid_count")
+            raise NoFreeSlot(
+                f"all {uid_count} sandbox uids ({uid_base}..{uid_base + uid_count - 1}) stayed busy "
+                f"for {wait_s:.0f} s; raise sandbox.uid_count"
+            )
         time.sleep(0.05)
 
 
@@ -196,9 +202,11 @@ def budgets() -> str:
 @functools.cache
 def warn_if_shared() -> None:
     if budgets() == "shared":
-        log.warning("sandbox calls share one process quota (the trainer is not root and cannot create cgroups): "
-                    "a runaway program can stop other calls from starting; such calls are retried, then "
-                    "recorded as infrastructure faults and not scored")
+        log.warning(
+            "sandbox calls share one process quota (the trainer is not root and cannot create cgroups): "
+            "a runaway program can stop other calls from starting; such calls are retried, then "
+            "recorded as infrastructure faults and not scored"
+        )
 
 
 @contextlib.contextmanager

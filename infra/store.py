@@ -6,6 +6,7 @@ temporary name and renamed into place, so a partition that exists is complete. R
     from infra.store import load_actions
     df = load_actions("runs/<run_id>")          # actions joined with coach + advantages
 """
+
 from __future__ import annotations
 
 import os
@@ -31,95 +32,114 @@ _key_fields = [
 ]
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "episodes": pa.schema([
-        pa.field("run_id", pa.string()),
-        pa.field("iteration", pa.int32()),
-        pa.field("phase", pa.string()),
-        pa.field("episode_id", pa.string()),
-        pa.field("task_id", pa.string()),
-        pa.field("group_id", pa.string()),
-        pa.field("pipeline", pa.string()),
-        pa.field("success", pa.bool_()),
-        pa.field("outcome", pa.float64()),
-        pa.field("metrics", pa.map_(pa.string(), pa.float64())),
-        pa.field("final_answer", pa.string()),
-        pa.field("num_turns", pa.int32()),
-        pa.field("policy_versions", pa.map_(pa.string(), pa.int32())),
-        pa.field("question", pa.string()),
-        pa.field("answer", pa.string()),
-        pa.field("infra_error", pa.string()),  # `<kind>: <message>` when an infrastructure fault hit it (infra/retry.py)
-    ]),
-    "actions": pa.schema(_key_fields + [
-        pa.field("role", pa.string()),
-        pa.field("system", pa.int8()),
-        pa.field("policy_version", pa.int32()),
-        pa.field("prompt_text", pa.string()),
-        pa.field("response_text", pa.string()),
-        pa.field("prompt_ids", pa.list_(pa.int32())),
-        pa.field("response_ids", pa.list_(pa.int32())),
-        pa.field("logprobs", pa.list_(pa.float32())),
-        pa.field("ref_logprobs", pa.list_(pa.float32())),
-        pa.field("tool_name", pa.string()),
-        pa.field("tool_input", pa.string()),
-        pa.field("tool_output", pa.string()),
-        pa.field("parent_turn", pa.int32()),
-        pa.field("infra_error", pa.string()),  # the tool never ran: `<kind>: <message>` (infra/retry.py)
-    ]),
-    "coach": pa.schema(_key_fields + [
-        pa.field("score", pa.float64()),
-        pa.field("rationale", pa.string()),
-        pa.field("coach_model", pa.string()),
-        pa.field("latency_s", pa.float64()),
-        pa.field("status", pa.string()),
-        pa.field("error_kind", pa.string()),
-    ]),
-    "advantages": pa.schema(_key_fields + [
-        pa.field("reward", pa.float64()),
-        pa.field("advantages", pa.list_(pa.float32())),
-        pa.field("raw_advantages", pa.list_(pa.float32())),  # before dividing by a std: reward units (tasks/certificate.py)
-        pa.field("loss_mask", pa.list_(pa.int8())),
-        pa.field("weight", pa.int32()),
-    ]),
-    "updates": pa.schema([
-        pa.field("run_id", pa.string()),
-        pa.field("iteration", pa.int32()),
-        pa.field("phase", pa.string()),
-        pa.field("agent", pa.string()),
-        pa.field("strategy", pa.string()),
-        pa.field("kl", pa.float64()),
-        pa.field("surrogate_gain", pa.float64()),
-        pa.field("penalty", pa.float64()),
-        pa.field("certificate", pa.float64()),
-        pa.field("loss", pa.float64()),
-        pa.field("tokens", pa.int64()),
-        pa.field("seconds", pa.float64()),
-        pa.field("version_before", pa.int32()),
-        pa.field("version_after", pa.int32()),
-        pa.field("skipped", pa.bool_()),
-        pa.field("reason", pa.string()),
-    ]),
+    "episodes": pa.schema(
+        [
+            pa.field("run_id", pa.string()),
+            pa.field("iteration", pa.int32()),
+            pa.field("phase", pa.string()),
+            pa.field("episode_id", pa.string()),
+            pa.field("task_id", pa.string()),
+            pa.field("group_id", pa.string()),
+            pa.field("pipeline", pa.string()),
+            pa.field("success", pa.bool_()),
+            pa.field("outcome", pa.float64()),
+            pa.field("metrics", pa.map_(pa.string(), pa.float64())),
+            pa.field("final_answer", pa.string()),
+            pa.field("num_turns", pa.int32()),
+            pa.field("policy_versions", pa.map_(pa.string(), pa.int32())),
+            pa.field("question", pa.string()),
+            pa.field("answer", pa.string()),
+            pa.field(
+                "infra_error", pa.string()
+            ),  # `<kind>: <message>` when an infrastructure fault hit it (infra/retry.py)
+        ]
+    ),
+    "actions": pa.schema(
+        _key_fields
+        + [
+            pa.field("role", pa.string()),
+            pa.field("system", pa.int8()),
+            pa.field("policy_version", pa.int32()),
+            pa.field("prompt_text", pa.string()),
+            pa.field("response_text", pa.string()),
+            pa.field("prompt_ids", pa.list_(pa.int32())),
+            pa.field("response_ids", pa.list_(pa.int32())),
+            pa.field("logprobs", pa.list_(pa.float32())),
+            pa.field("ref_logprobs", pa.list_(pa.float32())),
+            pa.field("tool_name", pa.string()),
+            pa.field("tool_input", pa.string()),
+            pa.field("tool_output", pa.string()),
+            pa.field("parent_turn", pa.int32()),
+            pa.field("infra_error", pa.string()),  # the tool never ran: `<kind>: <message>` (infra/retry.py)
+        ]
+    ),
+    "coach": pa.schema(
+        _key_fields
+        + [
+            pa.field("score", pa.float64()),
+            pa.field("rationale", pa.string()),
+            pa.field("coach_model", pa.string()),
+            pa.field("latency_s", pa.float64()),
+            pa.field("status", pa.string()),
+            pa.field("error_kind", pa.string()),
+        ]
+    ),
+    "advantages": pa.schema(
+        _key_fields
+        + [
+            pa.field("reward", pa.float64()),
+            pa.field("advantages", pa.list_(pa.float32())),
+            pa.field(
+                "raw_advantages", pa.list_(pa.float32())
+            ),  # before dividing by a std: reward units (tasks/certificate.py)
+            pa.field("loss_mask", pa.list_(pa.int8())),
+            pa.field("weight", pa.int32()),
+        ]
+    ),
+    "updates": pa.schema(
+        [
+            pa.field("run_id", pa.string()),
+            pa.field("iteration", pa.int32()),
+            pa.field("phase", pa.string()),
+            pa.field("agent", pa.string()),
+            pa.field("strategy", pa.string()),
+            pa.field("kl", pa.float64()),
+            pa.field("surrogate_gain", pa.float64()),
+            pa.field("penalty", pa.float64()),
+            pa.field("certificate", pa.float64()),
+            pa.field("loss", pa.float64()),
+            pa.field("tokens", pa.int64()),
+            pa.field("seconds", pa.float64()),
+            pa.field("version_before", pa.int32()),
+            pa.field("version_after", pa.int32()),
+            pa.field("skipped", pa.bool_()),
+            pa.field("reason", pa.string()),
+        ]
+    ),
     # one row per Stage-0 alignment (flows/align.py), phase `align` at the iteration whose rollouts probed
-    "align": pa.schema([
-        pa.field("run_id", pa.string()),
-        pa.field("iteration", pa.int32()),
-        pa.field("phase", pa.string()),
-        pa.field("agent", pa.string()),
-        pa.field("init", pa.string()),
-        pa.field("version_before", pa.int32()),
-        pa.field("version_after", pa.int32()),
-        pa.field("probe_actions", pa.int32()),
-        pa.field("probe_tokens", pa.int64()),
-        pa.field("delta0", pa.float64()),
-        pa.field("lr", pa.float64()),
-        pa.field("kl_before", pa.float64()),
-        pa.field("kl_after", pa.float64()),
-        pa.field("steps", pa.int32()),
-        pa.field("converged", pa.bool_()),
-        pa.field("seconds", pa.float64()),
-        pa.field("success_before", pa.float64()),
-        pa.field("success_swap", pa.float64()),
-        pa.field("success_aligned", pa.float64()),
-    ]),
+    "align": pa.schema(
+        [
+            pa.field("run_id", pa.string()),
+            pa.field("iteration", pa.int32()),
+            pa.field("phase", pa.string()),
+            pa.field("agent", pa.string()),
+            pa.field("init", pa.string()),
+            pa.field("version_before", pa.int32()),
+            pa.field("version_after", pa.int32()),
+            pa.field("probe_actions", pa.int32()),
+            pa.field("probe_tokens", pa.int64()),
+            pa.field("delta0", pa.float64()),
+            pa.field("lr", pa.float64()),
+            pa.field("kl_before", pa.float64()),
+            pa.field("kl_after", pa.float64()),
+            pa.field("steps", pa.int32()),
+            pa.field("converged", pa.bool_()),
+            pa.field("seconds", pa.float64()),
+            pa.field("success_before", pa.float64()),
+            pa.field("success_swap", pa.float64()),
+            pa.field("success_aligned", pa.float64()),
+        ]
+    ),
 }
 
 
@@ -139,8 +159,9 @@ def partition_exists(run_dir: str | Path, table: str, iteration: int, phase: str
     return d.is_dir() and any(d.glob("part-*.parquet"))
 
 
-def write_partition(run_dir: str | Path, table: str, iteration: int, phase: str,
-                    rows: list[dict], name: str | None = None) -> Path:
+def write_partition(
+    run_dir: str | Path, table: str, iteration: int, phase: str, rows: list[dict], name: str | None = None
+) -> Path:
     """Write `rows` as one Parquet file of `table`'s partition, atomically (temp name + rename; a failed
     write leaves nothing behind, and a full disk raises infra.disk.DiskFullError).
 
@@ -168,8 +189,9 @@ def write_partition(run_dir: str | Path, table: str, iteration: int, phase: str,
     return d
 
 
-def read_table(run_dir: str | Path, table: str, iteration: int | None = None,
-               phase: str | None = None, arrow: bool = False):
+def read_table(
+    run_dir: str | Path, table: str, iteration: int | None = None, phase: str | None = None, arrow: bool = False
+):
     """Read a table (optionally one iteration/phase) as a pandas DataFrame with ArrowDtype columns.
 
     A corrupt or truncated file raises StoreError naming it; other partitions are unaffected
@@ -177,8 +199,10 @@ def read_table(run_dir: str | Path, table: str, iteration: int | None = None,
     """
     root = Path(run_dir) / table
     schema = SCHEMAS[table]
-    pattern = (f"iteration={iteration if iteration is not None else '*'}/"
-               f"phase={phase if phase is not None else '*'}/part-*.parquet")
+    pattern = (
+        f"iteration={iteration if iteration is not None else '*'}/"
+        f"phase={phase if phase is not None else '*'}/part-*.parquet"
+    )
     files = sorted(root.glob(pattern))
     pieces = []
     for f in files:

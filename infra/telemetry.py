@@ -7,17 +7,18 @@ the Prefect server, its worker and the MLflow UI (`python -m infra.telemetry` pr
 Only unset variables are set, so a user opts back in by setting one, e.g.
 `DO_NOT_TRACK=0 MLFLOW_DISABLE_TELEMETRY=false PREFECT_SERVER_ANALYTICS_ENABLED=true teamrl train tiny`.
 """
+
 from __future__ import annotations
 
 import os
 
 OFF = {
-    "DO_NOT_TRACK": "1",                         # the shared convention; Prefect's client SDK has no other switch
+    "DO_NOT_TRACK": "1",  # the shared convention; Prefect's client SDK has no other switch
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # Prefect server, `teamrl train`'s temporary one included
-    "MLFLOW_DISABLE_TELEMETRY": "true",          # MLflow client, server, and its UI's usage-data notice
-    "HF_HUB_DISABLE_TELEMETRY": "1",             # Hugging Face Hub and transformers
-    "RAY_USAGE_STATS_ENABLED": "0",              # Ray (engines.runner=ray)
-    "VLLM_NO_USAGE_STATS": "1",                  # vLLM (engines.generation=vllm)
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow client, server, and its UI's usage-data notice
+    "HF_HUB_DISABLE_TELEMETRY": "1",  # Hugging Face Hub and transformers
+    "RAY_USAGE_STATS_ENABLED": "0",  # Ray (engines.runner=ray)
+    "VLLM_NO_USAGE_STATS": "1",  # vLLM (engines.generation=vllm)
 }
 
 for _name, _value in OFF.items():

@@ -3,6 +3,7 @@
 Several runs may start together on one store (three seeds at once): the first to arrive creates a SQLite
 store's tables while the others wait on a file lock beside it, and a call that finds the database busy
 is tried again after a pause."""
+
 from __future__ import annotations
 
 import fcntl
@@ -83,8 +84,15 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
 class Tracker:
     """Thin wrapper over MlflowClient (no global active-run state, safe inside Prefect tasks)."""
 
-    def __init__(self, run_dir: str | Path, root: str | Path, experiment: str, tracking_uri: str | None,
-                 params: dict, enabled: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        root: str | Path,
+        experiment: str,
+        tracking_uri: str | None,
+        params: dict,
+        enabled: bool = True,
+    ):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         if not enabled:
@@ -107,7 +115,7 @@ class Tracker:
 
             items = [Param(k, v) for k, v in _flatten(params).items()]
             for i in range(0, len(items), 100):
-                self.client.log_batch(self.run_id, params=items[i:i + 100])
+                self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     def _experiment(self, name: str, artifacts: Path) -> str:
         """The id of experiment `name`, created if new; another process may create it first (a tracking
@@ -138,10 +146,9 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        ms = [Metric(k, float(v), now, step) for k, v in metrics.items()
-              if v is not None and math.isfinite(float(v))]
+        ms = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
         for i in range(0, len(ms), 500):
-            self.client.log_batch(self.run_id, metrics=ms[i:i + 500])
+            self.client.log_batch(self.run_id, metrics=ms[i : i + 500])
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str, exclude: frozenset[str] = frozenset()) -> None:
         """Copy `local_dir` to the run's artifacts, leaving out files named in `exclude`."""
@@ -171,8 +178,9 @@ class Tracker:
         from infra.registry import register_agents
 
         with store_lock(self.uri):  # runs finishing together: one at a time creates models and moves `best`
-            return register_agents(self.client, self.run_id, prefix, versions,
-                                   tags | {"teamrl.run_dir": str(self.run_dir)}, success)
+            return register_agents(
+                self.client, self.run_id, prefix, versions, tags | {"teamrl.run_dir": str(self.run_dir)}, success
+            )
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:

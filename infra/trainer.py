@@ -3,6 +3,7 @@
 The loss math lives in `tasks/losses.py`; this module only moves data, steps the optimiser, clips
 gradients, refuses non-finite steps, and keeps the optimiser state with the checkpoint.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,14 +41,16 @@ class TrainResult:
 def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
     out = torch.zeros((len(rows), n), dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
     return out
 
 
 def micro_tensors(micro: list[TrainItem], n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(old log-probs, advantages, loss mask) of a micro-batch, each padded to [B, n] on `device`."""
-    return tuple(_pad(rows, n, torch.float32).to(device) for rows in
-                 ([it.old_logprobs for it in micro], [it.advantages for it in micro], [it.mask for it in micro]))
+    return tuple(
+        _pad(rows, n, torch.float32).to(device)
+        for rows in ([it.old_logprobs for it in micro], [it.advantages for it in micro], [it.mask for it in micro])
+    )
 
 
 def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: int):
@@ -56,7 +59,7 @@ def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: 
     for _ in range(epochs):
         order = rng.permutation(len(items))
         for start in range(0, len(order), minibatch_size):
-            yield [items[i] for i in order[start:start + minibatch_size]]
+            yield [items[i] for i in order[start : start + minibatch_size]]
 
 
 def prompt_order(items: list[TrainItem]) -> list[int]:
@@ -72,8 +75,9 @@ def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
     return [items[i] for i in prompt_order(items)]
 
 
-def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable,
-               backward: Callable) -> tuple[float, dict[str, float]]:
+def accumulate(
+    mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable, backward: Callable
+) -> tuple[float, dict[str, float]]:
     """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
 
     `forward(micro, last)` gives the micro-batch's [B, L] log-probs (`last`: the minibatch's final
@@ -85,7 +89,7 @@ def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, lo
     loss_sum, stats_sum = 0.0, {}
     starts = range(0, len(mb), micro_batch_size)
     for m0 in starts:
-        micro = mb[m0:m0 + micro_batch_size]
+        micro = mb[m0 : m0 + micro_batch_size]
         logp = forward(micro, m0 == starts[-1])
         old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
         loss, stats = loss_fn(logp, old, adv, mask)
@@ -97,11 +101,24 @@ def accumulate(mb: list[TrainItem], micro_batch_size: int, forward: Callable, lo
     return loss_sum, stats_sum
 
 
-def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float, weight_decay: float,
-                epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
-                optimizer_state: Path | None = None, temperature: float = 1.0,
-                micro_batch_size: int = 2, kl_stop: float | None = None,
-                on_step: Callable[[], None] | None = None) -> tuple[TrainResult, dict | None]:
+def train_agent(
+    policy,
+    agent: str,
+    items: list[TrainItem],
+    loss_fn: Callable,
+    *,
+    lr: float,
+    weight_decay: float,
+    epochs: int,
+    minibatch_size: int,
+    max_grad_norm: float,
+    seed: int,
+    optimizer_state: Path | None = None,
+    temperature: float = 1.0,
+    micro_batch_size: int = 2,
+    kl_stop: float | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> tuple[TrainResult, dict | None]:
     """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
     (None when the update was skipped: weights are then restored to what they were).
 
@@ -113,17 +130,23 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
     if optimizer_state is not None and optimizer_state.exists():
         state = torch.load(optimizer_state, weights_only=True)
         if "trainer" in state:  # written by another trainer (infra/engines/deepspeed.py): its layout is not ours
-            warnings.warn(f"{optimizer_state} holds {state['trainer']} optimizer state; the torch trainer "
-                          "starts with fresh AdamW moments", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{optimizer_state} holds {state['trainer']} optimizer state; the torch trainer "
+                "starts with fresh AdamW moments",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         else:
             opt.load_state_dict(state)
     backup = [p.detach().clone() for p in params]
     pad = policy.tokenizer.pad_token_id
     losses, stats_acc, tokens, stopped = [], {}, 0, False
     with policy.acting(agent) as model:
+
         def forward(micro, last):
-            return response_logprobs(model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad,
-                                     temperature)
+            return response_logprobs(
+                model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad, temperature
+            )
 
         for mb in minibatches(items, epochs, minibatch_size, seed):
             opt.zero_grad(set_to_none=True)
@@ -134,8 +157,14 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
                     for p, b in zip(params, backup):
                         p.copy_(b)
                 what = "loss" if not math.isfinite(loss_sum) else "gradient norm"
-                return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
-                                   f"non-finite {what}; update skipped, weights restored", {}), None
+                return TrainResult(
+                    float("nan"),
+                    tokens,
+                    time.perf_counter() - t0,
+                    True,
+                    f"non-finite {what}; update skipped, weights restored",
+                    {},
+                ), None
             if kl_stop is not None and stats.get("kl", 0.0) > kl_stop:
                 stopped = True
                 break
@@ -147,12 +176,14 @@ def train_agent(policy, agent: str, items: list[TrainItem], loss_fn: Callable, *
             for k, v in (stats | {"grad_norm": gnorm.item()}).items():
                 stats_acc.setdefault(k, []).append(v)
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
-    return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
-                       stats), opt.state_dict()
+    return TrainResult(
+        float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "", stats
+    ), opt.state_dict()
 
 
-def batch_logprobs(policy, agent: str, items: list[TrainItem], temperature: float = 1.0,
-                   micro_batch_size: int = 2) -> tuple[torch.Tensor, ...]:
+def batch_logprobs(
+    policy, agent: str, items: list[TrainItem], temperature: float = 1.0, micro_batch_size: int = 2
+) -> tuple[torch.Tensor, ...]:
     """(new log-probs under the agent's current weights, old log-probs, advantages, mask), each padded
     to one [B, L] tensor; no gradient."""
     n = max(1, max(len(it.response_ids) for it in items))
@@ -161,12 +192,17 @@ def batch_logprobs(policy, agent: str, items: list[TrainItem], temperature: floa
     order = prompt_order(items)
     with torch.no_grad(), policy.acting(agent) as model:
         for m0 in range(0, len(items), micro_batch_size):
-            idx = order[m0:m0 + micro_batch_size]
-            logp = response_logprobs(model, [items[i].prompt_ids for i in idx], [items[i].response_ids for i in idx],
-                                     pad, temperature)
-            new[idx, :logp.shape[1]] = logp.cpu()
-    return (new, _pad([it.old_logprobs for it in items], n, torch.float32),
-            _pad([it.advantages for it in items], n, torch.float32), _pad([it.mask for it in items], n, torch.float32))
+            idx = order[m0 : m0 + micro_batch_size]
+            logp = response_logprobs(
+                model, [items[i].prompt_ids for i in idx], [items[i].response_ids for i in idx], pad, temperature
+            )
+            new[idx, : logp.shape[1]] = logp.cpu()
+    return (
+        new,
+        _pad([it.old_logprobs for it in items], n, torch.float32),
+        _pad([it.advantages for it in items], n, torch.float32),
+        _pad([it.mask for it in items], n, torch.float32),
+    )
 
 
 def interpolate(params: list[torch.Tensor], start: list[torch.Tensor], end: list[torch.Tensor], alpha: float) -> None:

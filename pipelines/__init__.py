@@ -1,4 +1,5 @@
 """WHAT is trained: teams, their environments and tools, task sets and outcome scorers."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -16,14 +17,18 @@ def _name(v) -> str:
 
 
 # one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out)
-PipelineConfig = Annotated[Annotated[MathChatConfig, Tag("mathchat")]
-                           | Annotated[DeepResearchConfig, Tag("deepresearch")]
-                           | Annotated[DSBenchConfig, Tag("dsbench")], Discriminator(_name)]
+PipelineConfig = Annotated[
+    Annotated[MathChatConfig, Tag("mathchat")]
+    | Annotated[DeepResearchConfig, Tag("deepresearch")]
+    | Annotated[DSBenchConfig, Tag("dsbench")],
+    Discriminator(_name),
+]
 
 
 def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig | DSBenchConfig:
     """Validate a `pipeline:` section into its pipeline's config model."""
     return TypeAdapter(PipelineConfig).validate_python(raw)
+
 
 PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat, "deepresearch": DeepResearch, "dsbench": DSBench}
 
@@ -32,5 +37,15 @@ def build_pipeline(cfg: MathChatConfig | DeepResearchConfig | DSBenchConfig, see
     return PIPELINES[cfg.name](cfg, seed)
 
 
-__all__ = ["AgentSpec", "Pipeline", "Problem", "PipelineConfig", "PIPELINES", "build_pipeline", "pipeline_config", "MathChatConfig",
-           "DeepResearchConfig", "DSBenchConfig"]
+__all__ = [
+    "AgentSpec",
+    "Pipeline",
+    "Problem",
+    "PipelineConfig",
+    "PIPELINES",
+    "build_pipeline",
+    "pipeline_config",
+    "MathChatConfig",
+    "DeepResearchConfig",
+    "DSBenchConfig",
+]

@@ -1,4 +1,5 @@
 """What every pipeline provides to the DAG: its agents, its problems, an episode runner, a rubric."""
+
 from __future__ import annotations
 
 import re
@@ -10,9 +11,9 @@ from infra.generation import Generation
 
 @dataclass(frozen=True)
 class AgentSpec:
-    name: str           # agent id, also the adapter / checkpoint name
-    role: str           # what the agent is for, as the coach is told
-    system: int = 0     # 0 = single-system agent; 1 / 2 = MARS System 1 / System 2
+    name: str  # agent id, also the adapter / checkpoint name
+    role: str  # what the agent is for, as the coach is told
+    system: int = 0  # 0 = single-system agent; 1 / 2 = MARS System 1 / System 2
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class Episode:
 class ToolCall:
     """One System-2 tool call's raw output, for System 1 to extract from (MARS)."""
 
-    purpose: str            # why System 2 called the tool: what System 1 should look for
-    documents: list[str]    # the raw outputs (search hits, program output), each packed as one item
+    purpose: str  # why System 2 called the tool: what System 1 should look for
+    documents: list[str]  # the raw outputs (search hits, program output), each packed as one item
     infra_error: str | None = None  # the tool backend failed (infra.retry.infra_record); documents say so
 
 
@@ -50,10 +51,10 @@ class ToolCall:
 class Extraction:
     """System 1's work on one tool call: its packed bins and one generation per bin."""
 
-    bins: list[str]                 # the packed input text of each bin
-    generations: list[Generation]   # System 1's extraction per bin
-    tokens_in: int                  # raw document tokens packed
-    lower_bound: int                # ceil(tokens_in / bin capacity): no packing uses fewer bins
+    bins: list[str]  # the packed input text of each bin
+    generations: list[Generation]  # System 1's extraction per bin
+    tokens_in: int  # raw document tokens packed
+    lower_bound: int  # ceil(tokens_in / bin capacity): no packing uses fewer bins
 
 
 class Act(Protocol):
@@ -84,8 +85,9 @@ class Pipeline(Protocol):
         questions are asked over documents), validated before any model loads: a ValueError names the file
         and line of the first bad record."""
 
-    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
-                     act: Act) -> list[Episode]: ...
+    def run_episodes(
+        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+    ) -> list[Episode]: ...
 
     def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
         """A score 0..10 and a rationale per action; None = not scored (stored as `skipped`, no gradient).
@@ -127,21 +129,43 @@ def problem_group(pipeline, problem: Problem) -> str | None:
 
 def no_blind_rubric(pipeline: str) -> str:
     """Why coach.ground_truth=false cannot run with coach.backend=rubric on `pipeline`."""
-    return (f"coach.ground_truth=false with coach.backend=rubric: the {pipeline} pipeline has no answer-blind rubric "
-            "(its rubric scores against the answer); use coach.backend=llm, which is answer-blind for every "
-            "pipeline, or coach.ground_truth=true")
+    return (
+        f"coach.ground_truth=false with coach.backend=rubric: the {pipeline} pipeline has no answer-blind rubric "
+        "(its rubric scores against the answer); use coach.backend=llm, which is answer-blind for every "
+        "pipeline, or coach.ground_truth=true"
+    )
 
 
-def action_row(turn: int, agent: str, g: Generation, system: int = 0, prompt_ids: list[int] | None = None,
-               tool_name: str | None = None, tool_input: str | None = None, tool_output: str | None = None,
-               parent_turn: int | None = None, infra_error: str | None = None) -> dict:
+def action_row(
+    turn: int,
+    agent: str,
+    g: Generation,
+    system: int = 0,
+    prompt_ids: list[int] | None = None,
+    tool_name: str | None = None,
+    tool_input: str | None = None,
+    tool_output: str | None = None,
+    parent_turn: int | None = None,
+    infra_error: str | None = None,
+) -> dict:
     """One `actions` row of an episode (without the run keys): a generation and the tool call it made.
     `prompt_ids` defaults to the generation's prompt (a MARS System-2 turn passes its token context);
     `infra_error`: the tool could not run (infra.retry.infra_record), so the episode is not scored."""
-    return {"turn": turn, "agent": agent, "role": agent, "system": system,
-            "prompt_ids": list(g.prompt_ids if prompt_ids is None else prompt_ids), "response_ids": g.response_ids,
-            "logprobs": g.logprobs, "response_text": g.text, "tool_name": tool_name, "tool_input": tool_input,
-            "tool_output": tool_output, "parent_turn": parent_turn, "infra_error": infra_error}
+    return {
+        "turn": turn,
+        "agent": agent,
+        "role": agent,
+        "system": system,
+        "prompt_ids": list(g.prompt_ids if prompt_ids is None else prompt_ids),
+        "response_ids": g.response_ids,
+        "logprobs": g.logprobs,
+        "response_text": g.text,
+        "tool_name": tool_name,
+        "tool_input": tool_input,
+        "tool_output": tool_output,
+        "parent_turn": parent_turn,
+        "infra_error": infra_error,
+    }
 
 
 CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)

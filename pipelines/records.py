@@ -1,5 +1,6 @@
 """Users' JSONL files (problems, documents, tasks): one JSON object a line, read with errors that name
 the file and the line, so that a bad file is refused before any model loads."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ def records(path: str | Path) -> list[tuple[str, dict]]:
     try:
         text = data.decode()
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = data[: e.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}: not UTF-8 text") from e
     out = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -33,8 +34,9 @@ def records(path: str | Path) -> list[tuple[str, dict]]:
     return out
 
 
-def check_fields(where: str, d: dict, required: dict[str, tuple[type, ...]],
-                 optional: dict[str, tuple[type, ...]] | None = None) -> None:
+def check_fields(
+    where: str, d: dict, required: dict[str, tuple[type, ...]], optional: dict[str, tuple[type, ...]] | None = None
+) -> None:
     """Refuse a record with a missing or unknown field, a value of another type (a bool is no number,
     though Python counts it as an int) or an empty string."""
     optional = optional or {}
@@ -55,5 +57,6 @@ def check_fields(where: str, d: dict, required: dict[str, tuple[type, ...]],
 def no_docs(pipeline: str, docs: str | None) -> None:
     """Refuse a documents file for a pipeline whose problems hold all they need."""
     if docs:
-        raise ValueError(f"{docs}: the {pipeline} pipeline takes no documents file (--docs): its problems hold "
-                         "all they need")
+        raise ValueError(
+            f"{docs}: the {pipeline} pipeline takes no documents file (--docs): its problems hold all they need"
+        )

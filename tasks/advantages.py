@@ -1,5 +1,6 @@
 """Advantage estimators (REINFORCE++, GRPO, RLOO) as pure functions over per-action samples, chosen
 from a registry by name; the `compute_advantages` task wraps them for one iteration's partitions."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,9 +40,11 @@ def action_kl(s: Sample, beta: float, kind: str) -> np.ndarray:
     if beta == 0:
         return np.zeros(len(s.logprobs))
     if s.ref_logprobs is None:
-        raise ValueError(f"action {s.episode_id} turn {s.turn} has no reference log-probs: its rollouts were "
-                         f"collected with algorithm.kl_coef = 0, which skips the reference pass; recollect "
-                         f"them to train with kl_coef = {beta:g}")
+        raise ValueError(
+            f"action {s.episode_id} turn {s.turn} has no reference log-probs: its rollouts were "
+            f"collected with algorithm.kl_coef = 0, which skips the reference pass; recollect "
+            f"them to train with kl_coef = {beta:g}"
+        )
     return kl_penalty(s.logprobs, s.ref_logprobs, kind)
 
 
@@ -82,12 +85,19 @@ def register(name: str):
     def deco(fn):
         ESTIMATORS[name] = fn
         return fn
+
     return deco
 
 
 @register("reinforce_pp")
-def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = "k1",
-                 return_scope: str = "action", eps: float = 1e-6, scale: bool = True) -> list[np.ndarray]:
+def reinforce_pp(
+    samples: list[Sample],
+    beta: float = 0.01,
+    kl_estimator: str = "k1",
+    return_scope: str = "action",
+    eps: float = 1e-6,
+    scale: bool = True,
+) -> list[np.ndarray]:
     """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
     rewards = [token_rewards(action_kl(s, beta, kl_estimator), s.score, beta) for s in samples]
     if return_scope == "action":
@@ -102,7 +112,7 @@ def reinforce_pp(samples: list[Sample], beta: float = 0.01, kl_estimator: str = 
             g = returns_to_go(np.concatenate([rewards[i] for i in idx]))
             start = 0
             for i in idx:
-                returns[i] = g[start:start + len(rewards[i])]
+                returns[i] = g[start : start + len(rewards[i])]
                 start += len(rewards[i])
     else:
         raise ValueError(f"unknown return_scope {return_scope!r}")

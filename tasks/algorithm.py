@@ -1,4 +1,5 @@
 """The training algorithm's configuration: advantage estimator, KL shaping, PPO clip, optimiser."""
+
 from __future__ import annotations
 
 import warnings
@@ -12,28 +13,48 @@ class AlgorithmConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    estimator: str = Field("reinforce_pp", description="advantage estimator from the registry: "
-                           "reinforce_pp | grpo | rloo | grpo_trajectory (MARS: one reward per trajectory)")
+    estimator: str = Field(
+        "reinforce_pp",
+        description="advantage estimator from the registry: "
+        "reinforce_pp | grpo | rloo | grpo_trajectory (MARS: one reward per trajectory)",
+    )
     balance: Literal["advantage", "uniform", "off"] = Field(
-        "advantage", description="MARS balanced sampling: System-1 samples are down- / up-sampled to System 2's "
-        "count, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps each once")
+        "advantage",
+        description="MARS balanced sampling: System-1 samples are down- / up-sampled to System 2's "
+        "count, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps each once",
+    )
     strategy: Literal["joint", "stale", "teamtr"] = Field(
-        "joint", description="how agents are updated within an iteration: `joint` = every agent from the one rollout "
+        "joint",
+        description="how agents are updated within an iteration: `joint` = every agent from the one rollout "
         "set; `stale` = one by one on that cached set; `teamtr` = one by one, each on fresh rollouts (`resample-<i>`) "
-        "collected with the agents before it already updated")
-    order: Literal["fixed", "random"] = Field("fixed", description="update order per iteration: the team's order, "
-                                              "or a seeded random permutation")
-    kl_delta: float | None = Field(None, gt=0, description="trust region: token-level KL(pi_cur || pi_new) per "
-                                   "update, estimated on the update's batch; early-stops the epochs and backtracks "
-                                   "the step above it, and logs KL, gain, penalty and certificate (None: off)")
-    backtrack_steps: int = Field(6, ge=0, le=20, description="halvings of the step tried before an update that "
-                                 "still exceeds kl_delta is skipped")
-    resample_questions: int | None = Field(None, ge=1, description="teamtr: questions per resample (None: "
-                                           "rollout.questions); fewer questions cost fewer extra rollouts")
+        "collected with the agents before it already updated",
+    )
+    order: Literal["fixed", "random"] = Field(
+        "fixed", description="update order per iteration: the team's order, or a seeded random permutation"
+    )
+    kl_delta: float | None = Field(
+        None,
+        gt=0,
+        description="trust region: token-level KL(pi_cur || pi_new) per "
+        "update, estimated on the update's batch; early-stops the epochs and backtracks "
+        "the step above it, and logs KL, gain, penalty and certificate (None: off)",
+    )
+    backtrack_steps: int = Field(
+        6, ge=0, le=20, description="halvings of the step tried before an update that still exceeds kl_delta is skipped"
+    )
+    resample_questions: int | None = Field(
+        None,
+        ge=1,
+        description="teamtr: questions per resample (None: "
+        "rollout.questions); fewer questions cost fewer extra rollouts",
+    )
     kl_coef: float = Field(0.01, ge=0, description="beta: weight of the per-token KL penalty in the reward")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
-    return_scope: Literal["action", "agent"] = Field("action", description="`action`: return-to-go stops at the end "
-                                                     "of each action; `agent`: continues across the agent's later actions")
+    return_scope: Literal["action", "agent"] = Field(
+        "action",
+        description="`action`: return-to-go stops at the end "
+        "of each action; `agent`: continues across the agent's later actions",
+    )
     outcome_weight: float = Field(0.0, ge=0, le=1, description="w in s = (1-w)*coach/10 + w*outcome")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon")
     whiten_eps: float = Field(1e-6, gt=0, description="epsilon added to the std when normalising advantages")
@@ -41,15 +62,23 @@ class AlgorithmConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     epochs: int = Field(1, ge=1, le=100, description="passes over the agent's batch per update")
     minibatch_size: int = Field(8, ge=1, description="actions per gradient step")
-    micro_batch_size: int = Field(2, ge=1, description="actions per forward/backward pass (gradients are "
-                                  "accumulated over the minibatch; bounds activation memory)")
+    micro_batch_size: int = Field(
+        2,
+        ge=1,
+        description="actions per forward/backward pass (gradients are "
+        "accumulated over the minibatch; bounds activation memory)",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
 
     @model_validator(mode="after")
     def _teamtr_without_a_trust_region_is_an_ablation(self):
         if self.strategy == "teamtr" and self.kl_delta is None:
-            warnings.warn("algorithm.strategy=teamtr with kl_delta=null: an ablation without TeamTR's trust region "
-                          "(resampling only); set algorithm.kl_delta (e.g. 0.05) for TeamTR", UserWarning, stacklevel=2)
+            warnings.warn(
+                "algorithm.strategy=teamtr with kl_delta=null: an ablation without TeamTR's trust region "
+                "(resampling only); set algorithm.kl_delta (e.g. 0.05) for TeamTR",
+                UserWarning,
+                stacklevel=2,
+            )
         return self
 
     @field_validator("estimator")

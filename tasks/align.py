@@ -13,6 +13,7 @@ base).
 
 The math is `tempered_logprobs`, `reverse_kl` and `probe_kl`; the rest moves data and weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,28 +46,45 @@ class AlignConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent: str = Field(..., min_length=1, description="the agent that is replaced by a new model")
-    init: Literal["fresh"] = Field("fresh", description="the new model: `fresh` = a new agent on the run's base "
-                                   "model (a freshly initialised LoRA adapter, or with model.weights=full a fresh "
-                                   "copy of the base), i.e. the base model's behaviour. Another base model or "
-                                   "model size is not supported yet")
-    delta0: float = Field(0.02, gt=0, description="stop as soon as the probe-set reverse KL D_KL(pi_new || pi_old) "
-                          "(nats per token) is <= delta0")
-    max_steps: int = Field(50, ge=0, le=100000, description="at most this many AdamW steps, each on the whole "
-                           "probe set")
-    probe_size: int = Field(32, ge=0, description="at most this many of the agent's actions (contexts) in the probe "
-                            "set, drawn with the run seed (0: all). The old agent's next-token distributions are "
-                            "held in memory: probe tokens x vocabulary x 4 bytes")
+    init: Literal["fresh"] = Field(
+        "fresh",
+        description="the new model: `fresh` = a new agent on the run's base "
+        "model (a freshly initialised LoRA adapter, or with model.weights=full a fresh "
+        "copy of the base), i.e. the base model's behaviour. Another base model or "
+        "model size is not supported yet",
+    )
+    delta0: float = Field(
+        0.02,
+        gt=0,
+        description="stop as soon as the probe-set reverse KL D_KL(pi_new || pi_old) (nats per token) is <= delta0",
+    )
+    max_steps: int = Field(
+        50, ge=0, le=100000, description="at most this many AdamW steps, each on the whole probe set"
+    )
+    probe_size: int = Field(
+        32,
+        ge=0,
+        description="at most this many of the agent's actions (contexts) in the probe "
+        "set, drawn with the run seed (0: all). The old agent's next-token distributions are "
+        "held in memory: probe tokens x vocabulary x 4 bytes",
+    )
     lr: float | None = Field(None, gt=0, le=1, description="AdamW learning rate (None: the run's algorithm.lr)")
-    micro_batch_size: int = Field(2, ge=1, description="actions per forward/backward pass (bounds activation "
-                                  "memory: micro-batch x response tokens x vocabulary logits)")
+    micro_batch_size: int = Field(
+        2,
+        ge=1,
+        description="actions per forward/backward pass (bounds activation "
+        "memory: micro-batch x response tokens x vocabulary logits)",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
 
     @field_validator("init", mode="before")
     @classmethod
     def _supported_init(cls, v):
         if v not in INITS:
-            raise ValueError(f"unsupported init {v!r}: only `fresh` (a new agent on the run's base model) is "
-                             "supported; swapping in another base model or model size is out of scope")
+            raise ValueError(
+                f"unsupported init {v!r}: only `fresh` (a new agent on the run's base model) is "
+                "supported; swapping in another base model or model size is out of scope"
+            )
         return v
 
 
@@ -89,22 +107,30 @@ class Probe:
     response_ids: list[int]
 
 
-def probe_kl(model, probe: list[Probe], targets: list[torch.Tensor], pad_id: int, temperature: float,
-             micro_batch_size: int, backward: bool) -> float:
+def probe_kl(
+    model,
+    probe: list[Probe],
+    targets: list[torch.Tensor],
+    pad_id: int,
+    temperature: float,
+    micro_batch_size: int,
+    backward: bool,
+) -> float:
     """KL = sum over probe response positions of reverse_kl(new, old) / number of positions: the token mean
     of D_KL(pi_new || pi_old) over the probe set, `targets[i]` holding the old agent's log-probs [L_i, V].
     With `backward`, the gradient of that mean is accumulated (micro-batch by micro-batch)."""
     total = sum(len(p.response_ids) for p in probe)
     value = 0.0
     for m0 in range(0, len(probe), micro_batch_size):
-        micro = probe[m0:m0 + micro_batch_size]
+        micro = probe[m0 : m0 + micro_batch_size]
         with torch.set_grad_enabled(backward):
-            logits, _, mask = response_logits(model, [p.prompt_ids for p in micro], [p.response_ids for p in micro],
-                                              pad_id)
+            logits, _, mask = response_logits(
+                model, [p.prompt_ids for p in micro], [p.response_ids for p in micro], pad_id
+            )
             new = tempered_logprobs(logits, temperature)
             old = torch.zeros_like(new)  # padded positions are masked out
-            for i, t in enumerate(targets[m0:m0 + len(micro)]):
-                old[i, :len(t)] = t
+            for i, t in enumerate(targets[m0 : m0 + len(micro)]):
+                old[i, : len(t)] = t
             kl = (reverse_kl(new, old) * mask).sum() / total
         if backward:
             kl.backward()
@@ -113,15 +139,16 @@ def probe_kl(model, probe: list[Probe], targets: list[torch.Tensor], pad_id: int
 
 
 @torch.no_grad()
-def target_logprobs(model, probe: list[Probe], pad_id: int, temperature: float,
-                    micro_batch_size: int) -> list[torch.Tensor]:
+def target_logprobs(
+    model, probe: list[Probe], pad_id: int, temperature: float, micro_batch_size: int
+) -> list[torch.Tensor]:
     """The old agent's next-token log-probs at each response position of each probe action ([L_i, V] each)."""
     out = []
     for m0 in range(0, len(probe), micro_batch_size):
-        micro = probe[m0:m0 + micro_batch_size]
+        micro = probe[m0 : m0 + micro_batch_size]
         logits, _, _ = response_logits(model, [p.prompt_ids for p in micro], [p.response_ids for p in micro], pad_id)
         logp = tempered_logprobs(logits, temperature)
-        out += [logp[i, :len(p.response_ids)].clone() for i, p in enumerate(micro)]
+        out += [logp[i, : len(p.response_ids)].clone() for i, p in enumerate(micro)]
     return out
 
 
@@ -134,9 +161,20 @@ class AlignResult:
     seconds: float
 
 
-def align_weights(policy, agent: str, probe: list[Probe], targets: list[torch.Tensor], *, delta0: float,
-                  max_steps: int, lr: float, temperature: float, micro_batch_size: int = 2,
-                  max_grad_norm: float = 1.0, on_step: Callable[[], None] | None = None) -> AlignResult:
+def align_weights(
+    policy,
+    agent: str,
+    probe: list[Probe],
+    targets: list[torch.Tensor],
+    *,
+    delta0: float,
+    max_steps: int,
+    lr: float,
+    temperature: float,
+    micro_batch_size: int = 2,
+    max_grad_norm: float = 1.0,
+    on_step: Callable[[], None] | None = None,
+) -> AlignResult:
     """AdamW on `agent`'s current weights against probe_kl to `targets`. Each step is one pass over the whole
     probe set, whose KL (measured before the step) stops the loop as soon as it is <= delta0; after
     `max_steps` steps one more pass measures the final KL."""
@@ -202,25 +240,63 @@ def run_alignment(run_dir: str, iteration: int, version_before: int, cfg: AlignC
         targets = target_logprobs(model, probe, pad, temperature, cfg.micro_batch_size)
     policy.load(run_dir, agent, 0)  # the new agent: a fresh adapter / a fresh copy of the base
     with progress_bar(f"stage-0 {agent} it={iteration}", cfg.max_steps) as advance:
-        res = align_weights(policy, agent, probe, targets, delta0=cfg.delta0, max_steps=cfg.max_steps, lr=lr,
-                            temperature=temperature, micro_batch_size=cfg.micro_batch_size,
-                            max_grad_norm=cfg.max_grad_norm, on_step=advance)
+        res = align_weights(
+            policy,
+            agent,
+            probe,
+            targets,
+            delta0=cfg.delta0,
+            max_steps=cfg.max_steps,
+            lr=lr,
+            temperature=temperature,
+            micro_batch_size=cfg.micro_batch_size,
+            max_grad_norm=cfg.max_grad_norm,
+            on_step=advance,
+        )
     tokens = sum(len(p.response_ids) for p in probe)
-    reason = (f"stage-0: fresh {agent} aligned to v{version_before:04d}, reverse KL {res.kl_before:.4g} -> "
-              f"{res.kl_after:.4g} in {res.steps} steps")
+    reason = (
+        f"stage-0: fresh {agent} aligned to v{version_before:04d}, reverse KL {res.kl_before:.4g} -> "
+        f"{res.kl_after:.4g} in {res.steps} steps"
+    )
     if not res.converged:
         reason += f"; delta0 {cfg.delta0:g} not reached (raise max_steps or lr)"
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
-    meta = {"stage0": True, "iteration": iteration, "init": cfg.init, "start_version": 0,
-            "aligned_to": version_before, "kl_before": res.kl_before, "kl_after": res.kl_after, "steps": res.steps,
-            "converged": res.converged, "probe_actions": len(probe), "probe_tokens": tokens, "lr": lr,
-            "seconds": res.seconds, "options": cfg.model_dump(mode="json")}
+    meta = {
+        "stage0": True,
+        "iteration": iteration,
+        "init": cfg.init,
+        "start_version": 0,
+        "aligned_to": version_before,
+        "kl_before": res.kl_before,
+        "kl_after": res.kl_after,
+        "steps": res.steps,
+        "converged": res.converged,
+        "probe_actions": len(probe),
+        "probe_tokens": tokens,
+        "lr": lr,
+        "seconds": res.seconds,
+        "options": cfg.model_dump(mode="json"),
+    }
     version_after = version_before + 1
     policy.save(run_dir, agent, version_after, extra=meta)  # no optimiser state: the next PPO update starts afresh
-    row = {"run_id": context.value(run_dir, "run_id"), "iteration": iteration, "phase": "align", "agent": agent,
-           "strategy": "stage0", "kl": res.kl_after, "surrogate_gain": None, "penalty": None, "certificate": None,
-           "loss": res.kl_after, "tokens": tokens * res.steps, "seconds": res.seconds,
-           "version_before": version_before, "version_after": version_after, "skipped": False, "reason": reason}
+    row = {
+        "run_id": context.value(run_dir, "run_id"),
+        "iteration": iteration,
+        "phase": "align",
+        "agent": agent,
+        "strategy": "stage0",
+        "kl": res.kl_after,
+        "surrogate_gain": None,
+        "penalty": None,
+        "certificate": None,
+        "loss": res.kl_after,
+        "tokens": tokens * res.steps,
+        "seconds": res.seconds,
+        "version_before": version_before,
+        "version_after": version_after,
+        "skipped": False,
+        "reason": reason,
+    }
     store.write_partition(run_dir, "updates", iteration, "align", [row], name=agent)
     return checkpoint_meta(run_dir, agent, version_after)
 

@@ -2,6 +2,7 @@
 trajectory (tool calls x bins), System 2 one; System 1's samples are resampled to exactly System 2's
 count so neither system dominates the shared update budget.
 """
+
 from __future__ import annotations
 
 import numpy as np

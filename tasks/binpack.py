@@ -4,6 +4,7 @@ Items are token counts. An item longer than a bin is first cut into capacity-siz
 pieces are sorted by size, largest first, and each goes into the first open bin it fits in (a new bin
 when none has room). FFD uses at most 11/9 OPT + 6/9 bins and is exact on many small instances.
 """
+
 from __future__ import annotations
 
 import math

@@ -41,6 +41,7 @@ fresh batch). A stage's certificate (Theorem 3.6) is the sum of its updates'; ea
 Columns: `updates.surrogate_gain` = mean X, `penalty` = span * mean Y + z * se, `certificate`; MLflow
 `stage/certificate` sums a stage's certificates, `stage/certified` counts the positive ones.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,7 @@ def episode_terms(segments: list[Segment], acting: str, changed: set[str]) -> tu
     rho = np.concatenate([np.asarray(s.ratio, np.float64) for s in keep])
     mine = np.concatenate([np.full(len(s.ratio), s.agent == acting) for s in keep])
     in_c = ~mine
-    adv = np.concatenate([np.asarray(s.adv, np.float64) if s.agent == acting else np.zeros(len(s.ratio))
-                          for s in keep])
+    adv = np.concatenate([np.asarray(s.adv, np.float64) if s.agent == acting else np.zeros(len(s.ratio)) for s in keep])
     dev = np.abs(rho - 1)
     # after_h = sum_{t > h} (1 - rho_t)_+ over C + {i}
     drop = np.clip(1 - rho, 0, None)

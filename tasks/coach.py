@@ -11,6 +11,7 @@ re-asked `reask` times. What still fails is recorded as missing (score None) wit
 (`malformed`, `timeout` or `error`, the store's contract), the finer `error_kind` (see ERROR_KINDS)
 and the error or the last answer in `rationale`. Only scores are cached, so a later call asks again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,16 +30,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.engines.pool import ClientPool
 from infra.retry import INFRA_KINDS
 
-SYSTEM = ("You are a grader. Reply with one sentence of rationale, then a last line "
-          "PROCESS_SCORE: N (N an integer from 0 to 10).")
+SYSTEM = (
+    "You are a grader. Reply with one sentence of rationale, then a last line "
+    "PROCESS_SCORE: N (N an integer from 0 to 10)."
+)
 SCORE_RE = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I)
 # A score's status (the data contract): `ok`, or why it is missing; `skipped` = not asked.
 STATUSES = ("ok", "malformed", "timeout", "error", "skipped")
 # Why a score is missing, finer: the request's last error after the retries, or what was wrong with the reply.
-ERROR_KINDS = {"timeout": "timeout", "rate_limited": "error", "server_error": "error", "connection_error": "error",
-               "other": "error", "not_a_completion": "malformed", "no_valid_score": "malformed",
-               # an infrastructure fault in the episode (infra/retry.py): not the agents' doing, so no score
-               **{f"infra_{k}": "error" for k in INFRA_KINDS}}  # kind -> status
+ERROR_KINDS = {
+    "timeout": "timeout",
+    "rate_limited": "error",
+    "server_error": "error",
+    "connection_error": "error",
+    "other": "error",
+    "not_a_completion": "malformed",
+    "no_valid_score": "malformed",
+    # an infrastructure fault in the episode (infra/retry.py): not the agents' doing, so no score
+    **{f"infra_{k}": "error" for k in INFRA_KINDS},
+}  # kind -> status
 
 
 class CoachConfig(BaseModel):
@@ -47,30 +57,55 @@ class CoachConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["rubric", "llm", "outcome"] = Field(
-        "rubric", description="`rubric` (deterministic, offline), `llm` (OpenAI-compatible endpoint) or `outcome` "
-        "(no process reward: every action gets the sparse end-of-episode outcome, x10)")
-    ground_truth: bool = Field(True, description="rubric / llm: the coach sees the problem's answer (false: "
-                               "answer-blind, each action judged from the episode's evidence alone: the answer-blind "
-                               "rubric (mathchat only), or llm feedback without the answer). `outcome` is the answer's "
-                               "verdict by definition, so it ignores this")
+        "rubric",
+        description="`rubric` (deterministic, offline), `llm` (OpenAI-compatible endpoint) or `outcome` "
+        "(no process reward: every action gets the sparse end-of-episode outcome, x10)",
+    )
+    ground_truth: bool = Field(
+        True,
+        description="rubric / llm: the coach sees the problem's answer (false: "
+        "answer-blind, each action judged from the episode's evidence alone: the answer-blind "
+        "rubric (mathchat only), or llm feedback without the answer). `outcome` is the answer's "
+        "verdict by definition, so it ignores this",
+    )
     base_url: str = Field("http://127.0.0.1:8000/v1", description="llm: the endpoint's /v1 URL")
     model: str = Field("coach", description="llm: model name sent to the endpoint")
-    api_key_env: str = Field("OPENAI_API_KEY", description="llm: environment variable holding the API key "
-                             "(a placeholder is sent when unset, as local servers expect)")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="llm: environment variable holding the API key "
+        "(a placeholder is sent when unset, as local servers expect)",
+    )
     temperature: float = Field(0.0, ge=0, le=2, description="llm: sampling temperature")
     max_tokens: int = Field(256, ge=1, description="llm: reply token limit")
     timeout_s: float = Field(120.0, gt=0, description="llm: per-request timeout (each retry gets its own)")
-    max_retries: int = Field(2, ge=0, le=10, description="llm: client retries (exponential backoff, honouring "
-                             "Retry-After) on timeouts, 429, 5xx and connection errors; then the score is missing")
-    concurrency: int = Field(4, ge=1, le=256, description="llm: concurrent requests (the client pool's "
-                             "max_concurrency, infra/engines/pool.py)")
-    reask: int = Field(1, ge=0, le=5, description="llm: re-asks after an answer without a score in 0..10 "
-                       "before recording it missing (`malformed`)")
+    max_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="llm: client retries (exponential backoff, honouring "
+        "Retry-After) on timeouts, 429, 5xx and connection errors; then the score is missing",
+    )
+    concurrency: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="llm: concurrent requests (the client pool's max_concurrency, infra/engines/pool.py)",
+    )
+    reask: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description="llm: re-asks after an answer without a score in 0..10 before recording it missing (`malformed`)",
+    )
     max_context_chars: int = Field(2000, ge=100, description="llm: the agent's input context is cut to this")
-    few_shot: bool = Field(True, description="llm: send one worked example turn first (helps small coaches "
-                           "keep the answer format)")
-    cache: bool = Field(True, description="llm: cache scored answers by (model, prompt hash) in "
-                        "<run.dir>/coach-cache.sqlite (failures are not cached)")
+    few_shot: bool = Field(
+        True, description="llm: send one worked example turn first (helps small coaches keep the answer format)"
+    )
+    cache: bool = Field(
+        True,
+        description="llm: cache scored answers by (model, prompt hash) in "
+        "<run.dir>/coach-cache.sqlite (failures are not cached)",
+    )
 
 
 def parse_score(text: str) -> float | None:
@@ -104,8 +139,14 @@ class CoachResult:
 def build_prompt(r: CoachRequest, max_context_chars: int, ground_truth: bool = True) -> str:
     """The grading request; without `ground_truth` it says that no answer is given (the feedback has none)."""
     ctx = r.context if len(r.context) <= max_context_chars else "..." + r.context[-max_context_chars:]
-    blind = "" if ground_truth else ("The correct answer is not given: judge the action by the evidence above "
-                                     "alone (is it sound, and does it use what the agent saw faithfully?). ")
+    blind = (
+        ""
+        if ground_truth
+        else (
+            "The correct answer is not given: judge the action by the evidence above "
+            "alone (is it sound, and does it use what the agent saw faithfully?). "
+        )
+    )
     return (
         "You coach a team of AI agents. Grade ONE action of ONE agent.\n"
         f"Team task: {r.question}\n"
@@ -121,12 +162,22 @@ def build_prompt(r: CoachRequest, max_context_chars: int, ground_truth: bool = T
 
 # One worked example turn before the real request, by coach.ground_truth: small coaches copy the
 # answer format from it (the answer-blind one judges the program against the task, not an answer).
-_EXAMPLE_TASK = ("Compute 2*5.", "Code Executor: writes Python that prints the answer", "Problem: Compute 2*5.",
-                 "```python\nprint(2+5)\n```")
-EXAMPLES = {True: (CoachRequest(*_EXAMPLE_TASK, "Program output: 7. Correct answer: 10."),
-                   "The program adds instead of multiplying, so it prints the wrong number.\nPROCESS_SCORE: 2"),
-            False: (CoachRequest(*_EXAMPLE_TASK, "Program output: 7."),
-                    "The task multiplies but the program adds, so it cannot print 2*5.\nPROCESS_SCORE: 2")}
+_EXAMPLE_TASK = (
+    "Compute 2*5.",
+    "Code Executor: writes Python that prints the answer",
+    "Problem: Compute 2*5.",
+    "```python\nprint(2+5)\n```",
+)
+EXAMPLES = {
+    True: (
+        CoachRequest(*_EXAMPLE_TASK, "Program output: 7. Correct answer: 10."),
+        "The program adds instead of multiplying, so it prints the wrong number.\nPROCESS_SCORE: 2",
+    ),
+    False: (
+        CoachRequest(*_EXAMPLE_TASK, "Program output: 7."),
+        "The task multiplies but the program adds, so it cannot print 2*5.\nPROCESS_SCORE: 2",
+    ),
+}
 
 
 class _Cache:
@@ -177,16 +228,24 @@ class LLMCoach:
         from openai import OpenAI
 
         self.cfg = cfg
-        self.client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "not-needed",
-                             timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+        self.client = OpenAI(
+            base_url=cfg.base_url,
+            api_key=os.environ.get(cfg.api_key_env) or "not-needed",
+            timeout=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+        )
         self.cache = _Cache(cache_path) if (cfg.cache and cache_path) else None
         self.pool = ClientPool(max_concurrency=cfg.concurrency)
 
     def _ask(self, messages: list[dict]) -> str:
         resp = None
         try:
-            resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
-                                                       temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+            resp = self.client.chat.completions.create(
+                model=self.cfg.model,
+                messages=messages,
+                temperature=self.cfg.temperature,
+                max_tokens=self.cfg.max_tokens,
+            )
             return resp.choices[0].message.content or ""
         except ValueError as e:  # a JSON content type whose body does not parse
             raise MalformedReply(f"the reply is not JSON: {e}") from e
@@ -204,9 +263,10 @@ class LLMCoach:
         messages = [{"role": "system", "content": SYSTEM}]
         if self.cfg.few_shot:
             example, reply = EXAMPLES[self.cfg.ground_truth]
-            messages += [{"role": "user", "content": build_prompt(example, self.cfg.max_context_chars,
-                                                                  self.cfg.ground_truth)},
-                         {"role": "assistant", "content": reply}]
+            messages += [
+                {"role": "user", "content": build_prompt(example, self.cfg.max_context_chars, self.cfg.ground_truth)},
+                {"role": "assistant", "content": reply},
+            ]
         messages.append({"role": "user", "content": prompt})
         try:
             for _ in range(self.cfg.reask + 1):
@@ -216,9 +276,10 @@ class LLMCoach:
                     if self.cache:
                         self.cache.put(key, {"score": score, "rationale": text})
                     return CoachResult(score, text, "ok", time.perf_counter() - t0)
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": "Now give only the score line, exactly in this form: "
-                              "PROCESS_SCORE: N"}]
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": "Now give only the score line, exactly in this form: PROCESS_SCORE: N"},
+                ]
             kind, why = "no_valid_score", f"no PROCESS_SCORE in 0..10 in {self.cfg.reask + 1} answer(s); last: {text}"
         except (openai.OpenAIError, MalformedReply) as e:
             kind, why = error_kind(e), f"{type(e).__name__}: {e}"

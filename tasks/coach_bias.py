@@ -5,6 +5,7 @@ metric did not. Per iteration and task type this compares the mean coach score (
 the mean outcome (the environment's normalised metric) of the training rollouts, and flags a
 divergence when the score rises by more than `tol` while the outcome does not rise.
 """
+
 from __future__ import annotations
 
 import pandas as pd

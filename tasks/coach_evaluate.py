@@ -1,4 +1,5 @@
 """DAG stage `coach_evaluate`: a score 0..10 for every action of every agent; the `coach` partition."""
+
 from __future__ import annotations
 
 import time
@@ -24,18 +25,29 @@ def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Ep
         by_ep.setdefault(a["episode_id"], []).append(a)
     out = []
     for e in sorted(eps, key=lambda e: e["episode_id"]):
-        out.append(Episode(problem=Problem(e["task_id"], e["question"], e["answer"]), episode_id=e["episode_id"],
-                           group_id=e["group_id"], actions=by_ep.get(e["episode_id"], []),
-                           final_answer=e["final_answer"], success=bool(e["success"]), outcome=float(e["outcome"]),
-                           metrics=dict(e["metrics"] or {}), infra_error=e["infra_error"]))
+        out.append(
+            Episode(
+                problem=Problem(e["task_id"], e["question"], e["answer"]),
+                episode_id=e["episode_id"],
+                group_id=e["group_id"],
+                actions=by_ep.get(e["episode_id"], []),
+                final_answer=e["final_answer"],
+                success=bool(e["success"]),
+                outcome=float(e["outcome"]),
+                metrics=dict(e["metrics"] or {}),
+                infra_error=e["infra_error"],
+            )
+        )
     return out
 
 
 def unscored(e: Episode, record: str) -> list[CoachResult]:
     """Every action of an episode an infrastructure fault hit: no score, so no gradient."""
     kind = infra_kind(record)
-    return [CoachResult(None, f"not scored: infrastructure fault ({record})", "error", 0.0, error_kind=f"infra_{kind}")
-            for _ in e.actions]
+    return [
+        CoachResult(None, f"not scored: infrastructure fault ({record})", "error", 0.0, error_kind=f"infra_{kind}")
+        for _ in e.actions
+    ]
 
 
 def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
@@ -56,8 +68,11 @@ def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list
         for e in episodes:
             t0 = time.perf_counter()
             try:
-                scores = with_retries(lambda: pipe.rubric(e, cfg.ground_truth), "scorer",
-                                      f"the rubric on {e.episode_id}")
+                scores = with_retries(
+                    lambda: pipe.rubric(e, cfg.ground_truth),  # noqa: B023 (called within this iteration)
+                    "scorer",
+                    f"the rubric on {e.episode_id}",
+                )
             except InfraFault as fault:
                 out.append(unscored(e, infra_record(fault.kind, fault.message)))
                 continue
@@ -69,13 +84,15 @@ def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list
     for e in episodes:
         fb = pipe.feedback(e, cfg.ground_truth)
         shape.append(len(e.actions))
-        reqs += [CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
-                 for a, f in zip(e.actions, fb)]
+        reqs += [
+            CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
+            for a, f in zip(e.actions, fb)
+        ]
     coach = LLMCoach(cfg, cache_path=Path(run_dir).parent / "coach-cache.sqlite")
     flat = coach.score_many(reqs)
     out, i = [], 0
     for n in shape:
-        out.append(flat[i:i + n])
+        out.append(flat[i : i + n])
         i += n
     return out
 
@@ -93,15 +110,33 @@ def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
         episodes = load_partition_episodes(run_dir, iteration, phase)
         results = score_episodes(run_dir, episodes)
         faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
-        infra_share_check(len(faults), sum(map(len, results)), context.section(run_dir, "rollout", RolloutConfig)
-                          .max_infra_share, f"iteration {iteration}, {phase} (coach)", faults[0] if faults else None)
+        infra_share_check(
+            len(faults),
+            sum(map(len, results)),
+            context.section(run_dir, "rollout", RolloutConfig).max_infra_share,
+            f"iteration {iteration}, {phase} (coach)",
+            faults[0] if faults else None,
+        )
         model = cfg.model if cfg.backend == "llm" else cfg.backend
         run_id = context.value(run_dir, "run_id")
-        rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
-                 "turn": int(a["turn"]), "agent": a["agent"], "score": r.score, "rationale": r.rationale,
-                 "coach_model": model, "latency_s": r.latency_s, "status": r.status,
-                 "error_kind": r.error_kind}
-                for e, rs in zip(episodes, results) for a, r in zip(e.actions, rs)]
+        rows = [
+            {
+                "run_id": run_id,
+                "iteration": iteration,
+                "phase": phase,
+                "episode_id": e.episode_id,
+                "turn": int(a["turn"]),
+                "agent": a["agent"],
+                "score": r.score,
+                "rationale": r.rationale,
+                "coach_model": model,
+                "latency_s": r.latency_s,
+                "status": r.status,
+                "error_kind": r.error_kind,
+            }
+            for e, rs in zip(episodes, results)
+            for a, r in zip(e.actions, rs)
+        ]
         crash_point("coach_evaluate")
         store.write_partition(run_dir, "coach", iteration, phase, rows, name="all")
     return str(Path(run_dir) / "coach" / f"iteration={iteration}" / f"phase={phase}")

@@ -1,4 +1,5 @@
 """DAG stage `collect_rollouts`: the team plays episodes; `actions` and `episodes` partitions."""
+
 from __future__ import annotations
 
 import random
@@ -24,21 +25,37 @@ class RolloutConfig(BaseModel):
 
     questions: int = Field(8, ge=1, description="training questions per iteration")
     group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
-    temperature: float = Field(1.0, gt=0, le=5, description="sampling temperature of training rollouts; "
-                               "log-probs (policy, reference, training) are of softmax(logits / T)")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=5,
+        description="sampling temperature of training rollouts; "
+        "log-probs (policy, reference, training) are of softmax(logits / T)",
+    )
     eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
-    eval_samples: int = Field(0, ge=0, le=64, description="sampled episodes per held-out question for pass@k "
-                              "(0: greedy only)")
-    max_infra_share: float = Field(0.1, ge=0, le=1, description="stop the run when more than this share of a "
-                                   "partition's actions are left unscored by infrastructure faults (a sandbox that "
-                                   "would not start, a tool backend or scorer that failed after its retries)")
+    eval_samples: int = Field(
+        0, ge=0, le=64, description="sampled episodes per held-out question for pass@k (0: greedy only)"
+    )
+    max_infra_share: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="stop the run when more than this share of a "
+        "partition's actions are left unscored by infrastructure faults (a sandbox that "
+        "would not start, a tool backend or scorer that failed after its retries)",
+    )
 
 
 def check_infra_share(episodes: list, limit: float, where: str) -> None:
     """Stop when the actions of episodes an infrastructure fault hit exceed `limit` of all actions."""
     faulted = [e for e in episodes if e.infra_error]
-    infra_share_check(sum(len(e.actions) for e in faulted), sum(len(e.actions) for e in episodes), limit, where,
-                      faulted[0].infra_error if faulted else None)
+    infra_share_check(
+        sum(len(e.actions) for e in faulted),
+        sum(len(e.actions) for e in episodes),
+        limit,
+        where,
+        faulted[0].infra_error if faulted else None,
+    )
 
 
 def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
@@ -49,8 +66,16 @@ def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None)
     return r.sample(probs, min(n, len(probs)))
 
 
-def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], split: str = "train",
-         greedy: bool = False, part: str = "all", questions: int | None = None) -> dict:
+def play(
+    run_dir: str,
+    iteration: int,
+    phase: str,
+    versions: dict[str, int],
+    split: str = "train",
+    greedy: bool = False,
+    part: str = "all",
+    questions: int | None = None,
+) -> dict:
     """Play the episodes of one partition file and write them; returns a small summary.
 
     part="all": the partition's main episodes (greedy: one per question; else `group_size` per question);
@@ -65,8 +90,9 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
         policy.load(run_dir, agent, v)
     tok = policy.tokenizer
     seed = context.value(run_dir, "seed")
-    problems = _select(run_dir, iteration, phase, split,
-                       cfg.eval_questions if split == "eval" else (questions or cfg.questions))
+    problems = _select(
+        run_dir, iteration, phase, split, cfg.eval_questions if split == "eval" else (questions or cfg.questions)
+    )
     sampled = part == "samples"
     if sampled:
         greedy, g, tag = False, cfg.eval_samples, "s"
@@ -78,14 +104,22 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     if engines.runner == "ray":  # sharded over the rollout actors (tasks/rollout_workers.py)
         from tasks.rollout_workers import play_on_ray
 
-        episodes = play_on_ray(engines.ray, run_dir, versions, plist, eids, gids, greedy,
-                               (seed, "sample", iteration, phase, part))
+        episodes = play_on_ray(
+            engines.ray, run_dir, versions, plist, eids, gids, greedy, (seed, "sample", iteration, phase, part)
+        )
     else:
         engine = context.generation_engine(run_dir)
         engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
         with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
-            act = _Team(engine, tok, pipe, cfg.temperature, greedy, advance,
-                        lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n))
+            act = _Team(
+                engine,
+                tok,
+                pipe,
+                cfg.temperature,
+                greedy,
+                advance,
+                lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n),
+            )
             episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
         e.metrics["greedy"] = float(greedy)
@@ -101,8 +135,14 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
     if split != "eval":
         if context.section(run_dir, "algorithm", AlgorithmConfig).kl_coef > 0:
             with policy.reference() as ref:  # one pass for every agent: all share the frozen base
-                refs = score_logprobs(ref, [a["prompt_ids"] for a in actions], [a["response_ids"] for a in actions],
-                                      tok.pad_token_id, batch_size=engines.batch_size, temperature=temperature)
+                refs = score_logprobs(
+                    ref,
+                    [a["prompt_ids"] for a in actions],
+                    [a["response_ids"] for a in actions],
+                    tok.pad_token_id,
+                    batch_size=engines.batch_size,
+                    temperature=temperature,
+                )
         if engines.rescore_logprobs:
             gaps = rescore(policy, actions, engines.batch_size, temperature)
             for e in episodes:
@@ -110,20 +150,47 @@ def play(run_dir: str, iteration: int, phase: str, versions: dict[str, int], spl
                     e.metrics["logprob_gap"] = gaps[e.episode_id]
     rows = []
     for a, r in zip(actions, refs):
-        rows.append(a | {"run_id": run_id, "iteration": iteration, "phase": phase, "ref_logprobs": r,
-                         "policy_version": versions[a["agent"]],
-                         "prompt_text": tok.decode(a["prompt_ids"], skip_special_tokens=False)})
-    ep_rows = [{"run_id": run_id, "iteration": iteration, "phase": phase, "episode_id": e.episode_id,
-                "task_id": e.problem.task_id, "group_id": e.group_id, "pipeline": pipe.name,
-                "success": e.success, "outcome": e.outcome, "metrics": e.metrics, "final_answer": e.final_answer,
-                "num_turns": len(e.actions), "policy_versions": dict(versions), "question": e.problem.question,
-                "answer": e.problem.answer, "infra_error": e.infra_error} for e in episodes]
+        rows.append(
+            a
+            | {
+                "run_id": run_id,
+                "iteration": iteration,
+                "phase": phase,
+                "ref_logprobs": r,
+                "policy_version": versions[a["agent"]],
+                "prompt_text": tok.decode(a["prompt_ids"], skip_special_tokens=False),
+            }
+        )
+    ep_rows = [
+        {
+            "run_id": run_id,
+            "iteration": iteration,
+            "phase": phase,
+            "episode_id": e.episode_id,
+            "task_id": e.problem.task_id,
+            "group_id": e.group_id,
+            "pipeline": pipe.name,
+            "success": e.success,
+            "outcome": e.outcome,
+            "metrics": e.metrics,
+            "final_answer": e.final_answer,
+            "num_turns": len(e.actions),
+            "policy_versions": dict(versions),
+            "question": e.problem.question,
+            "answer": e.problem.answer,
+            "infra_error": e.infra_error,
+        }
+        for e in episodes
+    ]
     # actions first, episodes last: the episodes file marks the partition pair complete.
     store.write_partition(run_dir, "actions", iteration, phase, rows, name=part)
     crash_point("resample" if phase.startswith("resample") else "collect_rollouts")
     store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name=part)
-    return {"episodes": len(episodes), "success": sum(e.success for e in episodes) / max(1, len(episodes)),
-            "tokens": sum(len(a["response_ids"]) for a in actions)}
+    return {
+        "episodes": len(episodes),
+        "success": sum(e.success for e in episodes) / max(1, len(episodes)),
+        "tokens": sum(len(a["response_ids"]) for a in actions),
+    }
 
 
 def rescore(policy, actions: list[dict], batch_size: int, temperature: float) -> dict[str, float]:
@@ -135,8 +202,14 @@ def rescore(policy, actions: list[dict], batch_size: int, temperature: float) ->
     gap: dict[str, list[float]] = {}
     for agent, acts in by_agent.items():
         with policy.acting(agent) as model:
-            new = score_logprobs(model, [a["prompt_ids"] for a in acts], [a["response_ids"] for a in acts],
-                                 policy.tokenizer.pad_token_id, batch_size=batch_size, temperature=temperature)
+            new = score_logprobs(
+                model,
+                [a["prompt_ids"] for a in acts],
+                [a["response_ids"] for a in acts],
+                policy.tokenizer.pad_token_id,
+                batch_size=batch_size,
+                temperature=temperature,
+            )
         for a, lp in zip(acts, new):
             gap.setdefault(a["episode_id"], []).extend(abs(x - y) for x, y in zip(a["logprobs"], lp))
             a["logprobs"] = lp
@@ -157,10 +230,17 @@ class _Team:
         self.calls += 1
         ids = [p if p and isinstance(p[0], int) else encode_chat(self.tokenizer, p) for p in prompts]
         cfg = self.pipe.cfg  # a pipeline's budget per agent, and its stop strings where it has them
-        out = self.engine.generate(GenerationRequest(agent, ids, cfg.max_new_tokens.get(agent, 64),
-                                                     temperature=self.temperature, greedy=self.greedy,
-                                                     seed=self.seed_of(agent, self.calls),
-                                                     stop_strings=tuple(getattr(cfg, "stop", ()))))
+        out = self.engine.generate(
+            GenerationRequest(
+                agent,
+                ids,
+                cfg.max_new_tokens.get(agent, 64),
+                temperature=self.temperature,
+                greedy=self.greedy,
+                seed=self.seed_of(agent, self.calls),
+                stop_strings=tuple(getattr(cfg, "stop", ())),
+            )
+        )
         self.advance()
         return out
 
@@ -171,14 +251,22 @@ class _Team:
 def _key(ctx, params) -> str:
     part = params.get("part", "all")
     done = store.partition_exists(params["run_dir"], "episodes", params["iteration"], params["phase"], name=part)
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], part,
-                                     "collect_rollouts")
+    return context.prefect_cache_key(
+        params["run_dir"], done, params["iteration"], params["phase"], part, "collect_rollouts"
+    )
 
 
 @task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)
-def collect_rollouts(run_dir: str, iteration: int, phase: str, versions: dict[str, int],
-                     split: str = "train", greedy: bool = False, part: str = "all",
-                     questions: int | None = None) -> str:
+def collect_rollouts(
+    run_dir: str,
+    iteration: int,
+    phase: str,
+    versions: dict[str, int],
+    split: str = "train",
+    greedy: bool = False,
+    part: str = "all",
+    questions: int | None = None,
+) -> str:
     """Play one partition file of episodes (skipped when it is already complete); returns its path."""
     if not store.partition_exists(run_dir, "episodes", iteration, phase, name=part):
         play(run_dir, iteration, phase, versions, split, greedy, part, questions)

@@ -1,4 +1,5 @@
 """DAG stage `compute_advantages`: per-token advantages and loss masks; the `advantages` partition."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,11 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
     # REINFORCE++ normalises over one agent's update batch, GRPO / RLOO per group within it; a
     # trajectory estimator sees every agent's samples at once, scored with the episode's reward.
-    batches = [records] if trajectory else [[r for r in records if r["agent"] == a]
-                                            for a in sorted({r["agent"] for r in records})]
+    batches = (
+        [records]
+        if trajectory
+        else [[r for r in records if r["agent"] == a] for a in sorted({r["agent"] for r in records})]
+    )
     rows = []
     for recs in batches:
         samples = []
@@ -36,18 +40,37 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
             else:
                 s = blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None
             ref = None if r["ref_logprobs"] is None else np.asarray(r["ref_logprobs"], np.float64)
-            samples.append(Sample(r["episode_id"], group[r["episode_id"]], r["agent"], int(r["turn"]),
-                                  np.asarray(r["logprobs"], np.float64), ref, s))
-        kwargs = dict(beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator, return_scope=cfg.return_scope, eps=cfg.whiten_eps)
+            samples.append(
+                Sample(
+                    r["episode_id"],
+                    group[r["episode_id"]],
+                    r["agent"],
+                    int(r["turn"]),
+                    np.asarray(r["logprobs"], np.float64),
+                    ref,
+                    s,
+                )
+            )
+        kwargs = dict(
+            beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator, return_scope=cfg.return_scope, eps=cfg.whiten_eps
+        )
         advs = estimate(cfg.estimator, samples, **kwargs)
         raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # the certificate's, in reward units
         for r, smp, a, raw in zip(recs, samples, advs, raws):
             n = len(r["response_ids"])
-            rows.append({k: r[k] for k in store.KEYS} | {
-                "iteration": iteration, "phase": phase, "reward": smp.score, "system": int(r["system"]),
-                "advantages": (a if a is not None else np.zeros(n)).astype(np.float32).tolist(),
-                "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
-                "loss_mask": [1 if a is not None else 0] * n, "weight": 1 if a is not None else 0})
+            rows.append(
+                {k: r[k] for k in store.KEYS}
+                | {
+                    "iteration": iteration,
+                    "phase": phase,
+                    "reward": smp.score,
+                    "system": int(r["system"]),
+                    "advantages": (a if a is not None else np.zeros(n)).astype(np.float32).tolist(),
+                    "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
+                    "loss_mask": [1 if a is not None else 0] * n,
+                    "weight": 1 if a is not None else 0,
+                }
+            )
     rng = np.random.default_rng(context.stage_seed(context.value(run_dir, "seed"), "balance", iteration, phase))
     balance_system1(rows, cfg.balance, rng)
     return [{k: v for k, v in r.items() if k != "system"} for r in rows]
@@ -67,7 +90,9 @@ def balance_system1(rows: list[dict], mode: str, rng: np.random.Generator) -> No
 
 def _key(ctx, params) -> str:
     done = store.partition_exists(params["run_dir"], "advantages", params["iteration"], params["phase"], name="all")
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "compute_advantages")
+    return context.prefect_cache_key(
+        params["run_dir"], done, params["iteration"], params["phase"], "compute_advantages"
+    )
 
 
 @task(name="compute_advantages", cache_key_fn=_key, persist_result=True)

@@ -3,6 +3,7 @@
 Tasks receive `run_dir` (a string) plus iteration / phase / versions, and look everything else up
 here, so no model or tensor ever crosses a task boundary and the engines load once per process.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,7 +74,8 @@ def user_problems(file: str | Path, docs: str | Path | None) -> dict:
     and their SHA-256, so that the folder's held-out split is known to be the file it was made from."""
     files = {"file": Path(file).resolve(), "docs": Path(docs).resolve() if docs else None}
     return {k: str(p) if p else None for k, p in files.items()} | {
-        "sha256": {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in files.items() if p}}
+        "sha256": {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in files.items() if p}
+    }
 
 
 def problems(run_dir: str, split: str) -> list:
@@ -84,8 +86,10 @@ def problems(run_dir: str, split: str) -> list:
         return pipeline(str(run_dir)).problems(split)
     if (now := user_problems(user["file"], user["docs"])) != user:
         changed = [user[k] for k in user["sha256"] if now["sha256"][k] != user["sha256"][k]]
-        raise ValueError(f"{', '.join(changed)} changed since {run_dir} was made from it: evaluate it again with "
-                         "`teamrl eval RUN --problems FILE`, which makes a new folder")
+        raise ValueError(
+            f"{', '.join(changed)} changed since {run_dir} was made from it: evaluate it again with "
+            "`teamrl eval RUN --problems FILE`, which makes a new folder"
+        )
     return pipeline(str(run_dir)).load_problems(user["file"], user["docs"])
 
 
@@ -109,8 +113,9 @@ def policy(run_dir: str):
 
             torch.set_num_threads(engines.threads)
         _POLICIES.clear()  # one team in memory at a time
-        _POLICIES[key] = TeamPolicy(mcfg, units(run_dir), seed=value(run_dir, "seed"), device=engines.device,
-                                    roles=roles)
+        _POLICIES[key] = TeamPolicy(
+            mcfg, units(run_dir), seed=value(run_dir, "seed"), device=engines.device, roles=roles
+        )
     return _POLICIES[key]
 
 
@@ -132,8 +137,9 @@ def generation_engine(run_dir: str):
             old.close()
         _GENERATION.clear()
         cls = engine_class("generation", engines.generation)
-        _GENERATION[key] = cls(pol, section(run_dir, "model", ModelConfig), engines, list(pol.agents),
-                               value(run_dir, "seed"))
+        _GENERATION[key] = cls(
+            pol, section(run_dir, "model", ModelConfig), engines, list(pol.agents), value(run_dir, "seed")
+        )
     return _GENERATION[key]
 
 

@@ -6,6 +6,7 @@ one trajectory sample System 2 yields per episode: the first prompt, then every 
 the observation after it, with a loss mask of 1 on System 2's own tokens and 0 on the observations.
 System 1's samples stay one per bin: its packed input is the prompt, its extraction the response.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ def join_turns(turns: list[Turn]) -> Turn:
     out = Turn(head, [], [], [], [])
     for k, t in enumerate(turns):
         seq = head + out.response_ids
-        if list(t.prompt_ids[:len(seq)]) != seq:
-            raise ValueError(f"turn {k}'s prompt does not extend the trajectory so far: System-2 contexts must "
-                             "be built with infra.generation.continue_chat")
-        obs = list(t.prompt_ids[len(seq):])
+        if list(t.prompt_ids[: len(seq)]) != seq:
+            raise ValueError(
+                f"turn {k}'s prompt does not extend the trajectory so far: System-2 contexts must "
+                "be built with infra.generation.continue_chat"
+            )
+        obs = list(t.prompt_ids[len(seq) :])
         out.response_ids += obs + list(t.response_ids)
         out.logprobs += [0.0] * len(obs) + list(t.logprobs)
         out.advantages += [0.0] * len(obs) + list(t.advantages)

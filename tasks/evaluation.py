@@ -1,4 +1,5 @@
 """Held-out evaluation statistics as pure functions."""
+
 from __future__ import annotations
 
 import numpy as np

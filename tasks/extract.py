@@ -6,6 +6,7 @@ documents are tokenized, cut where longer than a bin, and packed with First Fit 
 generation and writes what serves the call's purpose. It runs inside `collect_rollouts` once per
 turn (System 2's next turn needs the extractions), as its own Prefect task run.
 """
+
 from __future__ import annotations
 
 from prefect import task
@@ -33,6 +34,6 @@ def extract(pipe, act, calls: list[ToolCall], capacity: int) -> list[Extraction]
     crash_point("extract")
     out, i = [], 0
     for texts, n_in, lb in packed:
-        out.append(Extraction(texts, gens[i:i + len(texts)], n_in, lb))
+        out.append(Extraction(texts, gens[i : i + len(texts)], n_in, lb))
         i += len(texts)
     return out

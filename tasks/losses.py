@@ -1,4 +1,5 @@
 """Policy-gradient losses as pure functions over padded [B, L] tensors with a 0/1 token mask."""
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,9 @@ def k3(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_r) - log_r
 
 
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2
+) -> tuple[torch.Tensor, dict[str, float]]:
     """L = -token_mean(min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)), rho = exp(logp - old_logp)."""
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv

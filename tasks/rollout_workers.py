@@ -14,6 +14,7 @@ Each shard is whole GRPO groups and has its own sampling seed (run seed, stage, 
 reproducible for a given number of workers; it differs from the local runner's samples, whose seed
 covers one batch of all episodes.
 """
+
 from __future__ import annotations
 
 from infra.engines.config import RayConfig
@@ -39,15 +40,25 @@ def workers(cfg: RayConfig) -> list:
     if key in _WORKERS:
         return _WORKERS[key]
     if not ray.is_initialized():
-        ray.init(address=None if cfg.address == "local" else cfg.address, namespace="teamrl",
-                 log_to_driver=False, include_dashboard=False, configure_logging=False)
+        ray.init(
+            address=None if cfg.address == "local" else cfg.address,
+            namespace="teamrl",
+            log_to_driver=False,
+            include_dashboard=False,
+            configure_logging=False,
+        )
     bundle = {"CPU": cfg.cpus_per_worker} | ({"GPU": cfg.gpus_per_worker} if cfg.gpus_per_worker else {})
     pg = placement_group([bundle] * cfg.rollout_workers, strategy=cfg.placement.upper())
     ray.get(pg.ready(), timeout=300)
     actor = ray.remote(RolloutWorker)
-    _WORKERS[key] = [actor.options(num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
-                                   scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote()
-                     for i in range(cfg.rollout_workers)]
+    _WORKERS[key] = [
+        actor.options(
+            num_cpus=cfg.cpus_per_worker,
+            num_gpus=cfg.gpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+        ).remote()
+        for i in range(cfg.rollout_workers)
+    ]
     return _WORKERS[key]
 
 
@@ -58,16 +69,33 @@ def placement() -> list[str]:
     return [ray.get(w.node.remote()) for ws in _WORKERS.values() for w in ws]
 
 
-def play_on_ray(cfg: RayConfig, run_dir: str, versions: dict[str, int], problems: list, episode_ids: list[str],
-                group_ids: list[str], greedy: bool, seed_parts: tuple) -> list:
+def play_on_ray(
+    cfg: RayConfig,
+    run_dir: str,
+    versions: dict[str, int],
+    problems: list,
+    episode_ids: list[str],
+    group_ids: list[str],
+    greedy: bool,
+    seed_parts: tuple,
+) -> list:
     """The episodes of `problems`, played shard by shard on the rollout actors, in the input order."""
     import ray
 
     ws = workers(cfg)
     parts = shards(group_ids, len(ws))
-    futures = [w.play.remote(run_dir, versions, problems[r.start:r.stop], episode_ids[r.start:r.stop],
-                             group_ids[r.start:r.stop], greedy, seed_parts + (j,))
-               for j, (w, r) in enumerate(zip(ws, parts))]
+    futures = [
+        w.play.remote(
+            run_dir,
+            versions,
+            problems[r.start : r.stop],
+            episode_ids[r.start : r.stop],
+            group_ids[r.start : r.stop],
+            greedy,
+            seed_parts + (j,),
+        )
+        for j, (w, r) in enumerate(zip(ws, parts))
+    ]
     return [e for eps in ray.get(futures) for e in eps]
 
 
@@ -79,8 +107,16 @@ class RolloutWorker:
 
         return ray.get_runtime_context().get_node_id()
 
-    def play(self, run_dir: str, versions: dict[str, int], problems: list, episode_ids: list[str],
-             group_ids: list[str], greedy: bool, seed_parts: tuple) -> list:
+    def play(
+        self,
+        run_dir: str,
+        versions: dict[str, int],
+        problems: list,
+        episode_ids: list[str],
+        group_ids: list[str],
+        greedy: bool,
+        seed_parts: tuple,
+    ) -> list:
         from tasks import context
         from tasks.collect_rollouts import RolloutConfig, _Team
 
@@ -88,6 +124,14 @@ class RolloutWorker:
         engine = context.generation_engine(run_dir)
         engine.use(run_dir, versions)
         temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
-        act = _Team(engine, context.policy(run_dir).tokenizer, pipe, temperature, greedy, lambda n=1: None,
-                    lambda agent, n: context.stage_seed(*seed_parts, agent, n), in_flow=False)
+        act = _Team(
+            engine,
+            context.policy(run_dir).tokenizer,
+            pipe,
+            temperature,
+            greedy,
+            lambda n=1: None,
+            lambda agent, n: context.stage_seed(*seed_parts, agent, n),
+            in_flow=False,
+        )
         return pipe.run_episodes(problems, episode_ids, group_ids, act)

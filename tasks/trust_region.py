@@ -5,6 +5,7 @@ the update) on the occupancy the batch was collected on. Turn-taking makes the t
 agent's KL on visited states, so sampled log-probs suffice (no vocabulary sum). The certificate the
 update earns is tasks/certificate.py's.
 """
+
 from __future__ import annotations
 
 import torch

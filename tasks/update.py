@@ -10,6 +10,7 @@ after every update the row records the token KL on the batch and the surrogate g
 and, for the one-by-one strategies (`stale`, `teamtr`), the penalty and the certificate: a lower bound on
 the update's true improvement of the team's return (tasks/certificate.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,14 +41,27 @@ def train_items(df) -> list[TrainItem]:
     shared MARS model gets both parts in one batch, so one token-mean loss covers both systems."""
     df = df[df["weight"].fillna(0) > 0]
     s2, rest = df[df["system"] == 2], df[df["system"] != 2]
-    turns = [[Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
-              for r in g.sort_values("turn").to_dict("records")] for _, g in s2.groupby("episode_id", sort=True)]
-    items = [TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask)
-             for t in map(join_turns, turns)]
+    turns = [
+        [
+            Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
+            for r in g.sort_values("turn").to_dict("records")
+        ]
+        for _, g in s2.groupby("episode_id", sort=True)
+    ]
+    items = [
+        TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask) for t in map(join_turns, turns)
+    ]
     for r in rest.to_dict("records"):
         for _ in range(int(r["weight"])):
-            items.append(TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]),
-                                   list(r["advantages"]), list(r["loss_mask"])))
+            items.append(
+                TrainItem(
+                    list(r["prompt_ids"]),
+                    list(r["response_ids"]),
+                    list(r["logprobs"]),
+                    list(r["advantages"]),
+                    list(r["loss_mask"]),
+                )
+            )
     return items
 
 
@@ -56,8 +70,16 @@ def _items(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainIte
     return train_items(df[df["agent"].isin(context.roles_of(run_dir, unit))])
 
 
-def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list, delta: float, steps: int,
-                         temperature: float, micro_batch_size: int) -> tuple[float, float]:
+def enforce_trust_region(
+    policy,
+    agent: str,
+    items: list[TrainItem],
+    start: list,
+    delta: float,
+    steps: int,
+    temperature: float,
+    micro_batch_size: int,
+) -> tuple[float, float]:
     """Backtrack from the trained weights towards `start` until KL <= delta; (KL, step fraction kept), the
     fraction 0 (weights back at `start`) when `steps` halvings were not enough."""
     params = policy.parameters(agent)
@@ -77,8 +99,16 @@ def enforce_trust_region(policy, agent: str, items: list[TrainItem], start: list
 
 def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batch_size: int) -> list[np.ndarray]:
     """pi_now / pi_batch of each row's response tokens under the agent's loaded weights."""
-    items = [TrainItem(list(r["prompt_ids"]), list(r["response_ids"]), list(r["logprobs"]), [0.0] * len(r["response_ids"]),
-                       [1] * len(r["response_ids"])) for r in rows]
+    items = [
+        TrainItem(
+            list(r["prompt_ids"]),
+            list(r["response_ids"]),
+            list(r["logprobs"]),
+            [0.0] * len(r["response_ids"]),
+            [1] * len(r["response_ids"]),
+        )
+        for r in rows
+    ]
     if not items:
         return []
     new, old, _, _ = batch_logprobs(policy, agent, items, temperature, micro_batch_size)
@@ -92,12 +122,21 @@ def _ratios(policy, agent: str, rows: list[dict], temperature: float, micro_batc
 def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict[str, int]:
     """Weights units updated on this batch before `agent` (`stale`: every earlier one), with their new versions."""
     done = store.read_table(run_dir, "updates", iteration, phase)
-    return {r["agent"]: int(r["version_after"]) for r in done.to_dict("records")
-            if r["agent"] != agent and not r["skipped"]}
+    return {
+        r["agent"]: int(r["version_after"]) for r in done.to_dict("records") if r["agent"] != agent and not r["skipped"]
+    }
 
 
-def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str, changed: dict[str, int],
-                   temperature: float, micro_batch_size: int) -> tuple[float | None, Bound | None]:
+def measure_update(
+    policy,
+    run_dir: str,
+    iteration: int,
+    phase: str,
+    agent: str,
+    changed: dict[str, int],
+    temperature: float,
+    micro_batch_size: int,
+) -> tuple[float | None, Bound | None]:
     """After an update of weights unit `agent`: the token KL on its batch (the actions of every role it
     plays) and the bound of tasks/certificate.py, with the units `changed` since the batch was sampled
     loaded at their new versions; the bound's agents are weights units. An unscored action has no advantage:
@@ -127,7 +166,9 @@ def measure_update(policy, run_dir: str, iteration: int, phase: str, agent: str,
     x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
     group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
     raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in scored])
-    span = max(1.0, float(raw.max() - raw.min())) if len(raw) else 1.0  # rewards in [0, 1], or what the KL shaping widened
+    span = (
+        max(1.0, float(raw.max() - raw.min())) if len(raw) else 1.0
+    )  # rewards in [0, 1], or what the KL shaping widened
     return kl, bound(x, y, [str(group[e]) for e in segments], span)
 
 
@@ -138,11 +179,27 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
     items = _items(run_dir, iteration, phase, agent)
     ckpt = checkpoint_dir(run_dir, agent, version_before)
     seed = context.stage_seed(context.value(run_dir, "seed"), "update", iteration, phase, agent)
-    row = {"run_id": context.value(run_dir, "run_id"), "iteration": iteration, "phase": phase, "agent": agent,
-           "strategy": cfg.strategy, "penalty": None, "certificate": None, "version_before": version_before}
+    row = {
+        "run_id": context.value(run_dir, "run_id"),
+        "iteration": iteration,
+        "phase": phase,
+        "agent": agent,
+        "strategy": cfg.strategy,
+        "penalty": None,
+        "certificate": None,
+        "version_before": version_before,
+    }
     if not items:
-        row |= {"kl": None, "surrogate_gain": None, "loss": None, "tokens": 0, "seconds": 0.0,
-                "version_after": version_before, "skipped": True, "reason": "no scored actions for this agent"}
+        row |= {
+            "kl": None,
+            "surrogate_gain": None,
+            "loss": None,
+            "tokens": 0,
+            "seconds": 0.0,
+            "version_after": version_before,
+            "skipped": True,
+            "reason": "no scored actions for this agent",
+        }
     else:
         temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
         with policy.materialized(agent):
@@ -151,44 +208,79 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
         trainer = context.trainer(run_dir)
         context.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
         with progress_bar(f"update {agent} it={iteration}", steps) as advance:
-            res, opt_state = trainer.train(policy, agent, items, partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
-                                           lr=cfg.lr, weight_decay=cfg.weight_decay, epochs=cfg.epochs,
-                                           minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
-                                           micro_batch_size=cfg.micro_batch_size, kl_stop=cfg.kl_delta,
-                                           seed=seed, optimizer_state=ckpt / OPTIMIZER,
-                                           temperature=temperature, on_step=advance)
-        row |= {"kl": None, "surrogate_gain": None, "loss": None if math.isnan(res.loss) else res.loss, "tokens": res.tokens, "seconds": res.seconds,
-                "skipped": res.skipped, "reason": res.reason}
+            res, opt_state = trainer.train(
+                policy,
+                agent,
+                items,
+                partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                epochs=cfg.epochs,
+                minibatch_size=cfg.minibatch_size,
+                max_grad_norm=cfg.max_grad_norm,
+                micro_batch_size=cfg.micro_batch_size,
+                kl_stop=cfg.kl_delta,
+                seed=seed,
+                optimizer_state=ckpt / OPTIMIZER,
+                temperature=temperature,
+                on_step=advance,
+            )
+        row |= {
+            "kl": None,
+            "surrogate_gain": None,
+            "loss": None if math.isnan(res.loss) else res.loss,
+            "tokens": res.tokens,
+            "seconds": res.seconds,
+            "skipped": res.skipped,
+            "reason": res.reason,
+        }
         if not res.skipped and cfg.kl_delta is not None:
-            kl, kept = enforce_trust_region(policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps,
-                                            temperature, cfg.micro_batch_size)
+            kl, kept = enforce_trust_region(
+                policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps, temperature, cfg.micro_batch_size
+            )
             row |= {"kl": kl, "reason": f"step x{kept:g}" if kept < 1 else ""}
             if kept == 0.0:
-                row |= {"skipped": True, "reason": f"trust region: KL {kl:.4g} > delta {cfg.kl_delta:g} after "
-                        f"{cfg.backtrack_steps} halvings; weights restored"}
+                row |= {
+                    "skipped": True,
+                    "reason": f"trust region: KL {kl:.4g} > delta {cfg.kl_delta:g} after "
+                    f"{cfg.backtrack_steps} halvings; weights restored",
+                }
         if not row["skipped"]:
             sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
             changed = updated_before(run_dir, iteration, phase, agent) if sequential else {}
             kl, b = measure_update(policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size)
             if b is not None:
                 cert = b.certificate if sequential and math.isfinite(b.certificate) else None
-                row |= {"kl": kl, "surrogate_gain": b.gain, "penalty": b.penalty if cert is not None else None,
-                        "certificate": cert}
+                row |= {
+                    "kl": kl,
+                    "surrogate_gain": b.gain,
+                    "penalty": b.penalty if cert is not None else None,
+                    "certificate": cert,
+                }
         if row["skipped"]:
             warnings.warn(f"{agent} iteration {iteration}: {row['reason']}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before
         else:
             crash_point("update")
             row["version_after"] = version_before + 1
-            policy.save(run_dir, agent, version_before + 1, optimizer_state=opt_state,
-                        extra={"iteration": iteration, "phase": phase})
+            policy.save(
+                run_dir,
+                agent,
+                version_before + 1,
+                optimizer_state=opt_state,
+                extra={"iteration": iteration, "phase": phase},
+            )
     store.write_partition(run_dir, "updates", iteration, phase, [row], name=agent)
     return row
 
 
 def _key(ctx, params) -> str:
-    done = store.partition_exists(params["run_dir"], "updates", params["iteration"], params["phase"], name=params["agent"])
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "update", params["agent"])
+    done = store.partition_exists(
+        params["run_dir"], "updates", params["iteration"], params["phase"], name=params["agent"]
+    )
+    return context.prefect_cache_key(
+        params["run_dir"], done, params["iteration"], params["phase"], "update", params["agent"]
+    )
 
 
 @task(name="update", cache_key_fn=_key, persist_result=True, task_run_name="update-{agent}")
@@ -199,5 +291,3 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         done = done[done["agent"] == agent]
         return int(done["version_after"].iloc[0])
     return int(run_update(run_dir, iteration, phase, agent, version_before)["version_after"])
-
-

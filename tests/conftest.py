@@ -60,8 +60,7 @@ def table_content(run_dir, table):
     return df.sort_values(keys).reset_index(drop=True).astype(str)
 
 
-TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.order=random", "evaluate=false",
-          "seed=1")
+TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.order=random", "evaluate=false", "seed=1")
 
 
 @pytest.fixture(scope="session")
@@ -103,8 +102,14 @@ def run_in_session(cmd: list[str], env: dict[str, str], log, timeout: int = 600)
     from pathlib import Path
 
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            start_new_session=True,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
         try:
             rc = proc.wait(timeout=timeout)
         finally:

@@ -1,4 +1,5 @@
 """Advantage math (tasks/advantages.py) against numbers worked out by hand."""
+
 import math
 
 import numpy as np
@@ -37,12 +38,20 @@ def close(actual, expected, tol=1e-6):
 
 
 # d = logp - ref = [-1 - (-1.5), -2 - (-1)] = [0.5, -1.0]
-@pytest.mark.parametrize("kind, expected", [
-    ("k1", [0.5, -1.0]),                        # d
-    ("k2", [0.125, 0.5]),                       # d^2 / 2 = 0.25/2, 1/2
-    ("k3", [math.exp(-0.5) - 0.5,               # e^-d - 1 + d = 0.6065307 - 1 + 0.5 = 0.1065307
-            math.e - 2.0]),                     # e^1 - 1 - 1 = 0.7182818
-])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("k1", [0.5, -1.0]),  # d
+        ("k2", [0.125, 0.5]),  # d^2 / 2 = 0.25/2, 1/2
+        (
+            "k3",
+            [
+                math.exp(-0.5) - 0.5,  # e^-d - 1 + d = 0.6065307 - 1 + 0.5 = 0.1065307
+                math.e - 2.0,
+            ],
+        ),  # e^1 - 1 - 1 = 0.7182818
+    ],
+)
 def test_kl_penalty(kind, expected):
     np.testing.assert_allclose(kl_penalty(np.array([-1.0, -2.0]), np.array([-1.5, -1.0]), kind), expected, rtol=1e-9)
 
@@ -60,13 +69,16 @@ def test_kl_penalty_unknown_kind():
         kl_penalty(np.zeros(1), np.zeros(1), "k9")
 
 
-@pytest.mark.parametrize("coach, outcome, w, expected", [
-    (7, None, 0.5, 0.7),      # no outcome: 7/10 whatever w is
-    (7, 1.0, 0.0, 0.7),       # w = 0: 7/10
-    (6, 1.0, 0.5, 0.8),       # 0.5*0.6 + 0.5*1.0
-    (6, 0.0, 0.25, 0.45),     # 0.75*0.6 + 0.25*0.0
-    (6, 1.0, 1.0, 1.0),       # w = 1: the outcome only
-])
+@pytest.mark.parametrize(
+    "coach, outcome, w, expected",
+    [
+        (7, None, 0.5, 0.7),  # no outcome: 7/10 whatever w is
+        (7, 1.0, 0.0, 0.7),  # w = 0: 7/10
+        (6, 1.0, 0.5, 0.8),  # 0.5*0.6 + 0.5*1.0
+        (6, 0.0, 0.25, 0.45),  # 0.75*0.6 + 0.25*0.0
+        (6, 1.0, 1.0, 1.0),  # w = 1: the outcome only
+    ],
+)
 def test_blend_score(coach, outcome, w, expected):
     assert blend_score(coach, outcome, w) == pytest.approx(expected)
 
@@ -87,8 +99,8 @@ def test_whiten_over_the_whole_batch():
 
 
 def test_reinforce_pp_action_scope_with_kl():
-    a = S(1.0, n=2)                                  # zero KL: r = [0, 1]        -> G = [1, 1]
-    b = S(0.0, n=1, logp=[-1.0], ref=[-2.0])         # k1 = 1: r = [-0.5*1 + 0]  -> G = [-0.5]
+    a = S(1.0, n=2)  # zero KL: r = [0, 1]        -> G = [1, 1]
+    b = S(0.0, n=1, logp=[-1.0], ref=[-2.0])  # k1 = 1: r = [-0.5*1 + 0]  -> G = [-0.5]
     # batch [1, 1, -0.5]: mean 0.5, deviations [.5, .5, -1], var 1.5/3 = 0.5, std 0.7071068
     close(reinforce_pp([a, b], beta=0.5, return_scope="action", eps=0.0), [[0.7071068, 0.7071068], [-1.4142136]])
 
@@ -98,20 +110,23 @@ def _scope_batch():
     return [
         S(0.3, n=1, ep="e1", agent="solver", turn=2),
         S(0.5, n=2, ep="e1", agent="solver", turn=0),
-        S(0.9, n=1, ep="e1", agent="verifier", turn=1),   # another agent in the same episode
-        S(0.1, n=1, ep="e2", agent="solver", turn=0),     # the same agent in another episode
+        S(0.9, n=1, ep="e1", agent="verifier", turn=1),  # another agent in the same episode
+        S(0.1, n=1, ep="e2", agent="solver", turn=0),  # the same agent in another episode
     ]
 
 
-@pytest.mark.parametrize("scope, expected", [
-    # action: G = [0.3], [0.5, 0.5], [0.9], [0.1]; tokens [.3 .5 .5 .9 .1] mean 0.46,
-    # dev [-.16 .04 .04 .44 -.36], var 0.352/5 = 0.0704, std 0.2653300
-    ("action", [[-0.6030227], [0.1507557, 0.1507557], [1.6583124], [-1.3568011]]),
-    # agent: e1/solver chain by turn = turn 0 [0, .5] then turn 2 [.3] -> G = [.8, .8 | .3];
-    # verifier and e2 are separate chains. tokens [.3 .8 .8 .9 .1] mean 0.58,
-    # dev [-.28 .22 .22 .32 -.48], var 0.508/5 = 0.1016, std 0.3187475
-    ("agent", [[-0.8784381], [0.6902014, 0.6902014], [1.0039293], [-1.5058939]]),
-])
+@pytest.mark.parametrize(
+    "scope, expected",
+    [
+        # action: G = [0.3], [0.5, 0.5], [0.9], [0.1]; tokens [.3 .5 .5 .9 .1] mean 0.46,
+        # dev [-.16 .04 .04 .44 -.36], var 0.352/5 = 0.0704, std 0.2653300
+        ("action", [[-0.6030227], [0.1507557, 0.1507557], [1.6583124], [-1.3568011]]),
+        # agent: e1/solver chain by turn = turn 0 [0, .5] then turn 2 [.3] -> G = [.8, .8 | .3];
+        # verifier and e2 are separate chains. tokens [.3 .8 .8 .9 .1] mean 0.58,
+        # dev [-.28 .22 .22 .32 -.48], var 0.508/5 = 0.1016, std 0.3187475
+        ("agent", [[-0.8784381], [0.6902014, 0.6902014], [1.0039293], [-1.5058939]]),
+    ],
+)
 def test_reinforce_pp_return_scope(scope, expected):
     close(reinforce_pp(_scope_batch(), beta=0.0, return_scope=scope, eps=0.0), expected)
 
@@ -133,9 +148,13 @@ def test_reinforce_pp_unknown_scope():
 
 
 def test_grpo_groups_by_group_and_agent():
-    samples = [S(0.2, n=2), S(0.6), S(1.0),                 # g1/solver: mean 0.6, std sqrt(0.32/3) = 0.3265986
-               S(0.0, agent="verifier"),                   # g1/verifier: a group of one -> 0
-               S(0.9, n=3, group="g2")]                    # g2/solver: a group of one -> 0
+    samples = [
+        S(0.2, n=2),
+        S(0.6),
+        S(1.0),  # g1/solver: mean 0.6, std sqrt(0.32/3) = 0.3265986
+        S(0.0, agent="verifier"),  # g1/verifier: a group of one -> 0
+        S(0.9, n=3, group="g2"),
+    ]  # g2/solver: a group of one -> 0
     # (0.2 - 0.6) / 0.3265986 = -1.2247449, broadcast over the action's tokens
     close(grpo(samples), [[-1.2247449] * 2, [0.0], [1.2247449], [0.0], [0.0] * 3], tol=1e-5)
 

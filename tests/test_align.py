@@ -1,5 +1,6 @@
 """Stage-0 alignment (tasks/align.py, flows/align.py): the reverse-KL formula against hand-computed values,
 the optimisation loop on a toy model, clear errors, and the tiny preset through the real flows."""
+
 import json
 import math
 from contextlib import contextmanager
@@ -63,8 +64,9 @@ def _toy_policy():
     def acting(agent):
         yield model
 
-    return SimpleNamespace(acting=acting, parameters=lambda agent: [model.table],
-                           tokenizer=SimpleNamespace(pad_token_id=0))
+    return SimpleNamespace(
+        acting=acting, parameters=lambda agent: [model.table], tokenizer=SimpleNamespace(pad_token_id=0)
+    )
 
 
 def test_align_weights_stops_once_within_delta0():
@@ -90,12 +92,15 @@ def untrained_run(tmp_path):
     return runs.create_run(tmp_path, "untrained", cfg.model_dump(mode="json"))
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--agent", "nobody"], "unknown agent 'nobody'; the team of run 'untrained' is solver, executor, verifier"),
-    (["--agent", "executor"], "run 'untrained' has no training rollouts yet"),
-    (["--agent", "executor", "--init", "smollm2"], "unsupported init 'smollm2'"),
-    (["--agent", "executor", "--delta0", "-1"], "delta0: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--agent", "nobody"], "unknown agent 'nobody'; the team of run 'untrained' is solver, executor, verifier"),
+        (["--agent", "executor"], "run 'untrained' has no training rollouts yet"),
+        (["--agent", "executor", "--init", "smollm2"], "unsupported init 'smollm2'"),
+        (["--agent", "executor", "--delta0", "-1"], "delta0: Input should be greater than 0"),
+    ],
+)
 def test_cli_refuses_what_it_cannot_align(untrained_run, args, words):
     from typer.testing import CliRunner
 
@@ -122,8 +127,9 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     from tasks import context
     from tasks.align import AlignConfig, probe_set, target_logprobs
 
-    run_dir = Path(train(config=tiny_config(tmp_path, "iterations=1", "evaluate=false", "pipeline.eval_size=4",
-                                            "run.id=swap")))
+    run_dir = Path(
+        train(config=tiny_config(tmp_path, "iterations=1", "evaluate=false", "pipeline.eval_size=4", "run.id=swap"))
+    )
     rd = str(run_dir)
     before = evaluate_partition(rd, 1)  # the team before the swap (the flow uses it, never redoes it)
     # the KL of a fresh executor to the trained one, to set a delta0 that needs a few steps
@@ -139,10 +145,12 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     cfg = AlignConfig(agent="executor", delta0=kl0 / 10, max_steps=40)
 
     r = align(rd, cfg)
-    print(f"probe {r['probe_actions']} actions / {r['probe_tokens']} tokens; KL {r['kl_before']:.4g} -> "
-          f"{r['kl_after']:.4g} in {r['steps']} steps; success before {before['success_rate']:.3f}, swap "
-          f"{r['eval']['eval-swap-executor']['success_rate']:.3f}, aligned "
-          f"{r['eval']['eval-aligned-executor']['success_rate']:.3f}")
+    print(
+        f"probe {r['probe_actions']} actions / {r['probe_tokens']} tokens; KL {r['kl_before']:.4g} -> "
+        f"{r['kl_after']:.4g} in {r['steps']} steps; success before {before['success_rate']:.3f}, swap "
+        f"{r['eval']['eval-swap-executor']['success_rate']:.3f}, aligned "
+        f"{r['eval']['eval-aligned-executor']['success_rate']:.3f}"
+    )
     assert r["kl_before"] == pytest.approx(kl0, rel=1e-4)
     assert r["kl_after"] <= cfg.delta0 < r["kl_before"] and r["converged"] and r["steps"] >= 1
     assert r["eval"]["eval"]["success_rate"] == before["success_rate"]
@@ -152,8 +160,11 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     meta = json.loads((run_dir / "checkpoints/executor/v0002/meta.json").read_text())
     assert meta["stage0"] is True and meta["aligned_to"] == 1 and meta["steps"] == r["steps"]
     # (the verifier stays at 0: on the tiny preset it is never scored, so never updated)
-    assert store.agent_versions(rd, ["solver", "executor", "verifier"], 1) == {"solver": 1, "executor": 2,
-                                                                               "verifier": 0}
+    assert store.agent_versions(rd, ["solver", "executor", "verifier"], 1) == {
+        "solver": 1,
+        "executor": 2,
+        "verifier": 0,
+    }
     up = store.read_table(rd, "updates", 1, "align")
     assert list(up["strategy"]) == ["stage0"] and int(up["version_after"].iloc[0]) == 2
 
@@ -172,8 +183,13 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     # MLflow: the training run got the alignment's metrics at step 1
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
     run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
-    for key in ("stage0_kl_before/executor", "stage0_kl_after/executor", "stage0_steps/executor",
-                "eval-swap-executor/success_rate", "eval-aligned-executor/success_rate"):
+    for key in (
+        "stage0_kl_before/executor",
+        "stage0_kl_after/executor",
+        "stage0_steps/executor",
+        "eval-swap-executor/success_rate",
+        "eval-aligned-executor/success_rate",
+    ):
         assert key in run.data.metrics, key
     assert run.data.metrics["stage0_steps/executor"] == r["steps"]
 
@@ -181,8 +197,18 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     ckpt = run_dir / "checkpoints/executor/v0002/adapter_model.safetensors"
     mtime = ckpt.stat().st_mtime_ns
     runner = CliRunner()
-    args = ["align", "swap", "--dir", str(tmp_path), "--agent", "executor", "--delta0", repr(cfg.delta0),
-            "--max-steps", "40"]
+    args = [
+        "align",
+        "swap",
+        "--dir",
+        str(tmp_path),
+        "--agent",
+        "executor",
+        "--delta0",
+        repr(cfg.delta0),
+        "--max-steps",
+        "40",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "eval-swap-executor" in res.output and "stage-0 aligned" in res.output

@@ -1,5 +1,6 @@
 """`make bench`'s plumbing and the formulas its figures rest on, on small inputs (no timing is asserted:
 the benchmarks report speed, the tests check what they count)."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,13 @@ from benchmarks.common import Section, Target
 def test_targets_and_tables_render():
     assert Target("a", 0.8, at_most=0.8).met and not Target("a", 0.81, at_most=0.8).met
     assert Target("b", 2.0, at_least=2.0).met and not Target("b", 1.9, at_least=2.0).met
-    md = Section("T", "cmd", rows=[{"x": 1, "y": 0.123456}, {"x": 2, "y": None}, {"z": "s"}],
-                 targets=[Target("r", 1.5, at_most=1.05)], notes=["n"]).markdown()
+    md = Section(
+        "T",
+        "cmd",
+        rows=[{"x": 1, "y": 0.123456}, {"x": 2, "y": None}, {"z": "s"}],
+        targets=[Target("r", 1.5, at_most=1.05)],
+        notes=["n"],
+    ).markdown()
     assert "| x | y |" in md and "| 1 | 0.1235 |" in md and "| 2 |  |" in md and "| z |" in md  # two tables
     assert "**r: 1.5** (target <= 1.05: NOT met)" in md and "- n" in md
 
@@ -65,8 +71,12 @@ def test_tree_rss_counts_the_children():
 
     me = psutil.Process(os.getpid())
     alone = tree_rss(me)
-    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); print(flush=True); input()"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "x = bytearray(200 * 2**20); print(flush=True); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         child.stdout.readline()  # the child holds its 200 MiB now
         assert tree_rss(me) > alone + 150 * 2**20
@@ -128,12 +138,24 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
     from benchmarks import strategies
 
     def run(heldout, cert):
-        return pd.DataFrame({"iteration": [0, 1, 2], "heldout_success": [heldout[0], None, heldout[1]],
-                             "heldout_ci_low": 0.0, "heldout_ci_high": 1.0, "train_success": [None, 0.1, 0.2],
-                             "rollout_episodes": [0, 32, 32], "train_episodes": [0, 40, 40], "updates": [0, 3, 3],
-                             "updates_skipped": 0, "stage_gain": [None, 0.02, 0.03], "stage_penalty": [None, 0.5, 0.6],
-                             "stage_certificate": [None, cert, cert], "certified_updates": [0, int(cert > 0), 0],
-                             "certificates": [0, 3, 3]})
+        return pd.DataFrame(
+            {
+                "iteration": [0, 1, 2],
+                "heldout_success": [heldout[0], None, heldout[1]],
+                "heldout_ci_low": 0.0,
+                "heldout_ci_high": 1.0,
+                "train_success": [None, 0.1, 0.2],
+                "rollout_episodes": [0, 32, 32],
+                "train_episodes": [0, 40, 40],
+                "updates": [0, 3, 3],
+                "updates_skipped": 0,
+                "stage_gain": [None, 0.02, 0.03],
+                "stage_penalty": [None, 0.5, 0.6],
+                "stage_certificate": [None, cert, cert],
+                "certified_updates": [0, int(cert > 0), 0],
+                "certificates": [0, 3, 3],
+            }
+        )
 
     monkeypatch.setattr(strategies, "OUT", tmp_path)
     run((0.2, 0.4), -0.5).to_csv(tmp_path / "teamtr-s0.csv", index=False)

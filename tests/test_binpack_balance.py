@@ -1,4 +1,5 @@
 """FFD bin packing (tasks/binpack.py) and balanced sampling (tasks/balanced_sampling.py)."""
+
 import itertools
 
 import numpy as np
@@ -13,14 +14,17 @@ def test_ffd_hand_example():
     assert first_fit_decreasing([5, 2, 7, 3, 4, 2], 10) == [[2, 3], [0, 4], [1, 5]]
 
 
-@pytest.mark.parametrize("sizes,capacity,optimum", [
-    ([6, 6, 4, 4], 10, 2),                      # 6+4, 6+4
-    ([5, 5, 5, 5, 5, 5], 10, 3),
-    ([9, 1, 8, 2, 7, 3], 10, 3),
-    ([4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 1], 10, 3),  # sum 30
-    ([10, 10, 10], 10, 3),
-    ([1] * 25, 5, 5),
-])
+@pytest.mark.parametrize(
+    "sizes,capacity,optimum",
+    [
+        ([6, 6, 4, 4], 10, 2),  # 6+4, 6+4
+        ([5, 5, 5, 5, 5, 5], 10, 3),
+        ([9, 1, 8, 2, 7, 3], 10, 3),
+        ([4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 1], 10, 3),  # sum 30
+        ([10, 10, 10], 10, 3),
+        ([1] * 25, 5, 5),
+    ],
+)
 def test_ffd_optimal_on_known_instances(sizes, capacity, optimum):
     bins = first_fit_decreasing(sizes, capacity)
     assert len(bins) == optimum == lower_bound(sizes, capacity)
@@ -32,11 +36,11 @@ def test_ffd_invariants_on_random_instances():
         cap = int(rng.integers(1, 60))
         sizes = [int(s) for s in rng.integers(0, cap + 1, size=rng.integers(0, 40))]
         bins = first_fit_decreasing(sizes, cap)
-        assert sorted(itertools.chain(*bins)) == list(range(len(sizes)))   # each item exactly once
-        assert all(sum(sizes[i] for i in b) <= cap for b in bins)          # never over capacity
+        assert sorted(itertools.chain(*bins)) == list(range(len(sizes)))  # each item exactly once
+        assert all(sum(sizes[i] for i in b) <= cap for b in bins)  # never over capacity
         assert len(bins) >= lower_bound(sizes, cap)
         assert len(bins) <= max(2 * lower_bound(sizes, cap), min(len(sizes), 1))  # no two bins both half empty
-        assert first_fit_decreasing(sizes, cap) == bins                     # deterministic
+        assert first_fit_decreasing(sizes, cap) == bins  # deterministic
 
 
 def test_ffd_rejects_an_item_over_capacity():
@@ -69,9 +73,9 @@ def test_balanced_counts_exact_totals():
             c = balanced_counts(adv, target, mode, rng)
             assert c.sum() == target and (c >= 0).all()
             if target <= len(adv):
-                assert c.max() <= 1                      # down-sampling is without replacement
+                assert c.max() <= 1  # down-sampling is without replacement
             else:
-                assert c.min() >= 1                      # up-sampling keeps every sample
+                assert c.min() >= 1  # up-sampling keeps every sample
     # more slots than nonzero-advantage samples: the zero ones fill up, still without replacement
     c = balanced_counts(np.array([0.0, 1.0, 0.0]), 2, "advantage", rng)
     assert c[1] == 1 and c.sum() == 2 and c.max() == 1

@@ -5,6 +5,7 @@ shows it Completed, take a screenshot; then find that run's metrics and register
 
 Skipped when Chromium is not installed (`make browser` installs it), unless TEAMRL_REQUIRE_BROWSER=1
 (CI), which turns the skip into a failure."""
+
 import os
 import shutil
 import subprocess
@@ -21,8 +22,9 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.slow
 if not (CHROMIUM and DRIVER):
     if os.environ.get("TEAMRL_REQUIRE_BROWSER") == "1":
-        pytest.fail("TEAMRL_REQUIRE_BROWSER=1 but chromium / chromedriver are not installed (make browser)",
-                    pytrace=False)
+        pytest.fail(
+            "TEAMRL_REQUIRE_BROWSER=1 but chromium / chromedriver are not installed (make browser)", pytrace=False
+        )
     pytest.skip("chromium and chromium-driver are not installed (make browser)", allow_module_level=True)
 
 
@@ -30,14 +32,22 @@ if not (CHROMIUM and DRIVER):
 def stack(tmp_path_factory):
     """Prefect server + work pool + deployments + worker + MLflow UI, on free ports, state in a temp dir."""
     state, runs = tmp_path_factory.mktemp("server"), tmp_path_factory.mktemp("runs")
-    env = os.environ | {"SERVER_STATE": str(state), "RUNS": str(runs), "PREFECT_PORT": str(free_port()),
-                        "MLFLOW_PORT": str(free_port())}
+    env = os.environ | {
+        "SERVER_STATE": str(state),
+        "RUNS": str(runs),
+        "PREFECT_PORT": str(free_port()),
+        "MLFLOW_PORT": str(free_port()),
+    }
     env.pop("PREFECT_API_URL", None)
     script = str(ROOT / "infra" / "server.sh")
     try:
         subprocess.run([script, "start"], env=env, check=True, timeout=600)
-        yield {"prefect": f"http://127.0.0.1:{env['PREFECT_PORT']}", "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
-               "runs": runs, "state": state}
+        yield {
+            "prefect": f"http://127.0.0.1:{env['PREFECT_PORT']}",
+            "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
+            "runs": runs,
+            "state": state,
+        }
     finally:
         subprocess.run([script, "stop"], env=env, timeout=120)
     for name in ("prefect-server", "prefect-worker", "mlflow-ui"):
@@ -71,8 +81,12 @@ def _field(driver, label: str):
     """The input of the schema-form property labelled `label` (e.g. 'Iterations (Optional)')."""
     from selenium.webdriver.common.by import By
 
-    return driver.find_element(By.XPATH, f"//span[@class='schema-form-property__label' and normalize-space()="
-                                         f"'{label}']/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]//*[self::input or self::textarea]")
+    return driver.find_element(
+        By.XPATH,
+        f"//span[@class='schema-form-property__label' and normalize-space()="
+        f"'{label}']/ancestor::div[contains(concat(' ', @class, ' '), ' schema-form-property ')][1]"
+        "//*[self::input or self::textarea]",
+    )
 
 
 def _type(el, text: str) -> None:
@@ -112,6 +126,7 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     url = _wait(run_link, 60, "a link to the new flow run")
     flow_run_id = url.split("?")[0].rstrip("/").split("/")[-1]
     browser.get(url)
+
     # 3. the worker picks it up; the state badge in the page heading turns Completed (the page polls)
     def state():
         badges = browser.find_elements(By.CSS_SELECTOR, ".page-heading .state-badge")

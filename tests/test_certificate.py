@@ -1,6 +1,7 @@
 """TeamTR's certificate (tasks/certificate.py): its terms against hand-computed values, and the bound
 against the exact improvement of small tabular teams (benchmarks/certificate_truth.py), where a violated
 bound, or one that never certifies, fails."""
+
 import argparse
 import math
 import sys
@@ -25,8 +26,11 @@ def test_episode_terms_of_the_acting_agent_alone():
 
 
 def test_episode_terms_with_agents_changed_since_the_batch():
-    seg = [Segment("c", np.array([2.0, 0.5])), Segment("a", np.array([1.2, 0.5]), np.array([1.0, 2.0])),
-           Segment("c", np.array([0.6]))]
+    seg = [
+        Segment("c", np.array([2.0, 0.5])),
+        Segment("a", np.array([1.2, 0.5]), np.array([1.0, 2.0])),
+        Segment("c", np.array([0.6])),
+    ]
     x, y = episode_terms(seg, "a", {"c"})
     assert x == pytest.approx(-0.8)  # only a's tokens carry the gain
     # stale before a's tokens: W_1 |2 - 1| + W_2 |0.5 - 1| = 1 * 1 + 2 * 0.5 = 2
@@ -65,8 +69,10 @@ def test_exact_penalty_matches_monte_carlo():
             ratio[:, h] = new[j][s, a] / p[np.arange(4000), a]
             q = full.P[j][s, a]
             s = (rng.uniform(size=(4000, 1)) > q.cumsum(1)).sum(1).clip(max=3)
-        ys += [episode_terms([Segment(str(j), ratio[e, 2 * j:2 * j + 2], np.zeros(2)) for j in range(3)], "1", {"0"})[1]
-               for e in range(4000)]
+        ys += [
+            episode_terms([Segment(str(j), ratio[e, 2 * j : 2 * j + 2], np.zeros(2)) for j in range(3)], "1", {"0"})[1]
+            for e in range(4000)
+        ]
     assert np.mean(ys) == pytest.approx(exact, rel=0.05)
 
 
@@ -74,8 +80,18 @@ def test_exact_penalty_matches_monte_carlo():
 def toy():
     import pandas as pd
 
-    args = argparse.Namespace(n_max=5, teams=6, deltas=[1e-6, 1e-5, 1e-3, 1e-2], tokens=3, states=6, actions=4,
-                              rewrite=0.05, episodes=128, sampled_teams=1, sample_seed=0)
+    args = argparse.Namespace(
+        n_max=5,
+        teams=6,
+        deltas=[1e-6, 1e-5, 1e-3, 1e-2],
+        tokens=3,
+        states=6,
+        actions=4,
+        rewrite=0.05,
+        episodes=128,
+        sampled_teams=1,
+        sample_seed=0,
+    )
     return pd.DataFrame(truth.measure(args))
 
 

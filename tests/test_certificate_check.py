@@ -1,5 +1,6 @@
 """benchmarks/certificate_check.py: episode returns, the interval of a mean over updates that share batches,
 and the comparison rows of a real TeamTR run."""
+
 import math
 import sys
 from pathlib import Path
@@ -13,11 +14,18 @@ import certificate_check as cc  # noqa: E402
 
 
 def test_episode_returns_sum_scores_and_the_kl_shaping():
-    actions = pd.DataFrame({"episode_id": ["e1", "e1", "e2"], "turn": [0, 1, 0], "agent": ["a", "b", "a"],
-                            "logprobs": [[-1.0, -2.0], [-1.0], [-0.5]],
-                            "ref_logprobs": [[-1.5, -2.0], [-1.0], [-1.0]]})
-    rewards = pd.DataFrame({"episode_id": ["e1", "e1", "e2"], "turn": [0, 1, 0], "agent": ["a", "b", "a"],
-                            "reward": [0.7, None, 0.2]})  # b's action unscored: adds nothing
+    actions = pd.DataFrame(
+        {
+            "episode_id": ["e1", "e1", "e2"],
+            "turn": [0, 1, 0],
+            "agent": ["a", "b", "a"],
+            "logprobs": [[-1.0, -2.0], [-1.0], [-0.5]],
+            "ref_logprobs": [[-1.5, -2.0], [-1.0], [-1.0]],
+        }
+    )
+    rewards = pd.DataFrame(
+        {"episode_id": ["e1", "e1", "e2"], "turn": [0, 1, 0], "agent": ["a", "b", "a"], "reward": [0.7, None, 0.2]}
+    )  # b's action unscored: adds nothing
     got = cc.episode_returns(actions, rewards, beta=0.1, kind="k1")
     # e1: 0.7 - 0.1 * ((-1 + 1.5) + 0 + 0) = 0.65; e2: 0.2 - 0.1 * 0.5 = 0.15
     assert got["e1"] == pytest.approx(0.65) and got["e2"] == pytest.approx(0.15)
@@ -26,9 +34,17 @@ def test_episode_returns_sum_scores_and_the_kl_shaping():
 
 def test_mean_interval_counts_a_shared_batch_once_with_its_summed_coefficient():
     # two updates in a chain: batch A -> B -> C; B is the next batch of one and the fitted batch of the other
-    df = pd.DataFrame({"run": ["r", "r"], "batch": ["A", "B"], "next_batch": ["B", "C"],
-                       "se_before": [0.1, 0.2], "se_after": [0.2, 0.3], "dj_hat": [0.5, -0.1],
-                       "certificate": [0.1, -0.3]})
+    df = pd.DataFrame(
+        {
+            "run": ["r", "r"],
+            "batch": ["A", "B"],
+            "next_batch": ["B", "C"],
+            "se_before": [0.1, 0.2],
+            "se_after": [0.2, 0.3],
+            "dj_hat": [0.5, -0.1],
+            "certificate": [0.1, -0.3],
+        }
+    )
     mean, half = cc.mean_interval(df, "certificate")
     assert mean == pytest.approx(((0.5 - 0.1) + (-0.1 + 0.3)) / 2)
     # coefficients: A -1/2, B +1/2 - 1/2 = 0, C +1/2 -> var = (0.1^2 + 0.3^2) / 4
@@ -69,9 +85,19 @@ def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
     monkeypatch.setattr(strategies, "OUT", tmp_path)
     assert strategies.certificate_check_table() == []
     for seed, dj in ((0, 0.02), (1, -0.01)):
-        pd.DataFrame({"run": [f"abl-teamtr-s{seed}"], "kind": ["update"], "batch": ["1/rollout"],
-                      "next_batch": ["1/resample-1"], "se_before": [0.01], "se_after": [0.01], "dj_hat": [dj],
-                      "certificate": [-0.05], "gain": [0.01]}).to_csv(tmp_path / f"teamtr-s{seed}.certcheck.csv", index=False)
+        pd.DataFrame(
+            {
+                "run": [f"abl-teamtr-s{seed}"],
+                "kind": ["update"],
+                "batch": ["1/rollout"],
+                "next_batch": ["1/resample-1"],
+                "se_before": [0.01],
+                "se_after": [0.01],
+                "dj_hat": [dj],
+                "certificate": [-0.05],
+                "gain": [0.01],
+            }
+        ).to_csv(tmp_path / f"teamtr-s{seed}.certcheck.csv", index=False)
     lines = strategies.certificate_check_table()
     assert "**teamtr** (seeds 0, 1)" in lines
     row = next(line for line in lines if line.startswith("| update |"))

@@ -1,6 +1,7 @@
 """Issue 21's evidence tooling (benchmarks/coach_evidence.py, benchmarks/strategies.py): the seed-and-problem
 bootstrap against hand-computed values, the report from synthetic per-run CSVs, and the end-of-run writer on a
 real tiny run."""
+
 import re
 import shutil
 
@@ -21,16 +22,19 @@ def test_paired_differences_cover_the_problems_both_have():
     assert sorted(paired(a, b)) == [-1.0, 0.0]  # x: 1 - 1, y: 0 - 1; z has no value, w is not in a
 
 
-@pytest.mark.parametrize("diffs, want", [
-    # one seed, problems {1, 0}: a resample's mean is 0, 1/2 or 1 (p = 1/4, 1/2, 1/4)
-    ([[1, 0]], (0.5, 0.0, 1.0)),
-    # seeds weigh alike: (1 + 0) / 2, not the pooled 2 / 5
-    ([[1, 1], [0, 0, 0]], (0.5, 0.0, 1.0)),
-    # a slot draws seed 0 (mean 0, 1/2, 1 at p 1/4, 1/2, 1/4) or seed 1 (always 1): P(0) = 1/8, P(1/2) = 1/4;
-    # a replicate of two slots is 0 at p 1/64 < 2.5% and <= 1/4 at p 5/64, and 1 at p (5/8)^2 > 2.5%
-    ([[1, 0], [1, 1]], (0.75, 0.25, 1.0)),
-    ([[0.2, 0.2], [0.2]], (0.2, 0.2, 0.2)),
-])
+@pytest.mark.parametrize(
+    "diffs, want",
+    [
+        # one seed, problems {1, 0}: a resample's mean is 0, 1/2 or 1 (p = 1/4, 1/2, 1/4)
+        ([[1, 0]], (0.5, 0.0, 1.0)),
+        # seeds weigh alike: (1 + 0) / 2, not the pooled 2 / 5
+        ([[1, 1], [0, 0, 0]], (0.5, 0.0, 1.0)),
+        # a slot draws seed 0 (mean 0, 1/2, 1 at p 1/4, 1/2, 1/4) or seed 1 (always 1): P(0) = 1/8, P(1/2) = 1/4;
+        # a replicate of two slots is 0 at p 1/64 < 2.5% and <= 1/4 at p 5/64, and 1 at p (5/8)^2 > 2.5%
+        ([[1, 0], [1, 1]], (0.75, 0.25, 1.0)),
+        ([[0.2, 0.2], [0.2]], (0.2, 0.2, 0.2)),
+    ],
+)
 def test_seed_bootstrap_hand_computed(diffs, want):
     assert seed_bootstrap([np.array(d, dtype=float) for d in diffs]) == pytest.approx(want)
 
@@ -44,22 +48,34 @@ def test_seed_bootstrap_is_seeded():
 
 TASKS = ["t1", "t2", "t3", "t4", "t5"]
 BEFORE = {0: [1, 0, 0, 0, 0], 1: [0, 1, 0, 0, 0]}  # iteration 0: every coach starts from the same team
-AFTER = {("joint", 0): [1, 1, 1, 0, 0], ("joint", 1): [1, 1, 1, 1, 0], ("blind", 0): BEFORE[0],
-         ("blind", 1): BEFORE[1], ("outcome", 0): [1, 0, 0, 0, 0]}
+AFTER = {
+    ("joint", 0): [1, 1, 1, 0, 0],
+    ("joint", 1): [1, 1, 1, 1, 0],
+    ("blind", 0): BEFORE[0],
+    ("blind", 1): BEFORE[1],
+    ("outcome", 0): [1, 0, 0, 0, 0],
+}
 BASE = [0, 0, 1, 0, 0]
 PARA = {("joint", 0): [1, 0, 1, 0, 0], ("joint", 1): [1, 1, 1, 0, 0], ("blind", 0): BASE, ("blind", 1): BASE}
 
 
 def questions(rows: dict[int, list[int]]) -> pd.DataFrame:
-    return pd.DataFrame([{"iteration": it, "task_id": t, "question": f"q {t}?", "success": s}
-                         for it, succ in rows.items() for t, s in zip(TASKS, succ)])
+    return pd.DataFrame(
+        [
+            {"iteration": it, "task_id": t, "question": f"q {t}?", "success": s}
+            for it, succ in rows.items()
+            for t, s in zip(TASKS, succ)
+        ]
+    )
 
 
 def agents(code_error: tuple[float, float], faithful: tuple[float, float]) -> pd.DataFrame:
     rows = [("rollout", 1, "executor", "code_error", 0.9, 32)]  # training rollouts: not in the before/after table
     for it, c, f in zip((0, 4), code_error, faithful):
-        rows += [("eval", it, "executor", "code_error", c, 5),
-                 ("eval", it, "verifier", "faithful", f, 0 if np.isnan(f) else 2)]
+        rows += [
+            ("eval", it, "executor", "code_error", c, 5),
+            ("eval", it, "verifier", "faithful", f, 0 if np.isnan(f) else 2),
+        ]
     return pd.DataFrame(rows, columns=["phase", "iteration", "agent", "rate", "value", "episodes"])
 
 
@@ -73,11 +89,24 @@ def synthetic(tmp_path, monkeypatch):
     questions({0: BASE}).to_csv(tmp_path / "base.paraphrased.csv", index=False)
     agents((0.5, 0.25), (np.nan, 1.0)).to_csv(tmp_path / "joint-s0.agents.csv", index=False)
     agents((0.7, 0.35), (0.5, 0.5)).to_csv(tmp_path / "joint-s1.agents.csv", index=False)
-    pd.DataFrame({"iteration": [0, 4], "heldout_success": [0.2, 0.6], "heldout_ci_low": 0.0, "heldout_ci_high": 1.0,
-                  "train_success": [None, 0.3], "rollout_episodes": [0, 32], "train_episodes": [0, 32],
-                  "updates": [0, 3], "updates_skipped": 0, "stage_gain": None, "stage_penalty": None,
-                  "stage_certificate": None, "certified_updates": 0, "certificates": 0}).to_csv(
-        tmp_path / "joint-s0.csv", index=False)
+    pd.DataFrame(
+        {
+            "iteration": [0, 4],
+            "heldout_success": [0.2, 0.6],
+            "heldout_ci_low": 0.0,
+            "heldout_ci_high": 1.0,
+            "train_success": [None, 0.3],
+            "rollout_episodes": [0, 32],
+            "train_episodes": [0, 32],
+            "updates": [0, 3],
+            "updates_skipped": 0,
+            "stage_gain": None,
+            "stage_penalty": None,
+            "stage_certificate": None,
+            "certified_updates": 0,
+            "certificates": 0,
+        }
+    ).to_csv(tmp_path / "joint-s0.csv", index=False)
     return tmp_path
 
 
@@ -98,8 +127,14 @@ def test_coach_report_from_synthetic_csvs(synthetic):
     gain = interval(joint[5])  # per seed: (0 + 1 + 1 + 0 + 0) / 5 and (1 + 0 + 1 + 1 + 0) / 5
     assert gain[0] == 0.5 and gain[1] <= 0.5 <= gain[2]
     assert joint[6:8] == ["0.20", "0.50 ± 0.14"] and interval(joint[8])[0] == 0.3  # (0.2 + 0.4) / 2
-    assert row(text, "| blind |")[3:] == ["0.20 ± 0.00", "0.20 ± 0.00", "+0.00 [+0.00, +0.00]", "0.20",
-                                           "0.20 ± 0.00", "+0.00 [+0.00, +0.00]"]
+    assert row(text, "| blind |")[3:] == [
+        "0.20 ± 0.00",
+        "0.20 ± 0.00",
+        "+0.00 [+0.00, +0.00]",
+        "0.20",
+        "0.20 ± 0.00",
+        "+0.00 [+0.00, +0.00]",
+    ]
     assert row(text, "| outcome |")[1:5] == ["0", "4", "0.20 (one seed)", "0.20 (one seed)"]
     assert row(text, "| outcome |")[7:] == ["-", "-"]  # no paraphrased evaluation yet
 
@@ -157,6 +192,7 @@ def test_backfill_writes_the_figures_of_ended_runs_that_are_here(tmp_path, monke
 
 
 # --- the end-of-run writer on a real run ----------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_end_of_run_figures_of_a_tiny_run(trained_run, tmp_path):

@@ -3,6 +3,7 @@ request according to the first segment of its path (base_url http://127.0.0.1:PO
 the real openai client and no mocks. A failure is retried by the client, then recorded as a missing
 score with its reason in `status` and `error_kind`; the training iteration completes and logs the
 counts to MLflow."""
+
 import json
 import socket
 import threading
@@ -24,8 +25,13 @@ MIXED = ("ok", "500", "noscore", "outofrange")  # `mixed` picks one per prompt (
 
 
 def completion(text: str) -> dict:
-    return {"id": "c", "object": "chat.completion", "created": 0, "model": "coach",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "coach",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -100,8 +106,9 @@ def server():
     srv.server_close()
 
 
-REQ = CoachRequest("What is 2 + 3?", "Verifier: states the final answer", "the solver said 5", "ANSWER: 5",
-                   "Correct answer: 5.")
+REQ = CoachRequest(
+    "What is 2 + 3?", "Verifier: states the final answer", "the solver said 5", "ANSWER: 5", "Correct answer: 5."
+)
 
 
 def coach(url: str, cache_path=None, **kw) -> LLMCoach:
@@ -122,10 +129,13 @@ def test_flaky_server_recovers_through_the_retries(server):
     assert server.hits["flaky"] == FLAKY_FAILURES + 1
 
 
-@pytest.mark.parametrize("mode, kind, words", [
-    ("500", "server_error", ["InternalServerError", "500", "fell over"]),
-    ("429", "rate_limited", ["RateLimitError", "429", "slow down"]),
-])
+@pytest.mark.parametrize(
+    "mode, kind, words",
+    [
+        ("500", "server_error", ["InternalServerError", "500", "fell over"]),
+        ("429", "rate_limited", ["RateLimitError", "429", "slow down"]),
+    ],
+)
 def test_error_status_is_retried_then_missing(server, mode, kind, words):
     r = coach(server.url(mode), max_retries=2).score(REQ)
     assert (r.status, r.error_kind, r.score) == ("error", kind, None)
@@ -152,10 +162,13 @@ def test_refused_connection_is_retried_then_missing():
     assert r.latency_s >= 0.3  # one backoff (0.5 s less up to 25% jitter) before the retry
 
 
-@pytest.mark.parametrize("mode, words", [
-    ("garbage", ["not a chat completion", "502 Bad Gateway"]),  # 200 with an HTML page
-    ("badjson", ["not JSON"]),  # 200, application/json, a body that does not parse
-])
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        ("garbage", ["not a chat completion", "502 Bad Gateway"]),  # 200 with an HTML page
+        ("badjson", ["not JSON"]),  # 200, application/json, a body that does not parse
+    ],
+)
 def test_non_json_reply_is_malformed(server, mode, words):
     r = coach(server.url(mode)).score(REQ)
     assert (r.status, r.error_kind, r.score) == ("malformed", "not_a_completion", None)
@@ -191,20 +204,33 @@ def test_train_iteration_completes_with_a_faulty_coach(prefect_harness, server, 
     from flows.train import train
     from infra import store
 
-    cfg = tiny_config(tmp_path, "run.id=faulty-coach", "iterations=1", "evaluate=false", "coach.backend=llm",
-                      f"coach.base_url={server.url('mixed')}", "coach.max_retries=1", "coach.reask=1",
-                      "coach.timeout_s=5", "coach.cache=false")
+    cfg = tiny_config(
+        tmp_path,
+        "run.id=faulty-coach",
+        "iterations=1",
+        "evaluate=false",
+        "coach.backend=llm",
+        f"coach.base_url={server.url('mixed')}",
+        "coach.max_retries=1",
+        "coach.reask=1",
+        "coach.timeout_s=5",
+        "coach.cache=false",
+    )
     run_dir = train(config=cfg)
 
     coach_df = store.read_table(run_dir, "coach")
     status = coach_df["status"].value_counts().to_dict()
     kinds = coach_df["error_kind"].value_counts().to_dict()
     # each action's mode follows from the server's request counts: ok 1, 500 2 (a retry), no score 2 (a re-ask)
-    expected = {"ok": server.hits["mixed/ok"], "error": server.hits["mixed/500"] // 2,
-                "malformed": (server.hits["mixed/noscore"] + server.hits["mixed/outofrange"]) // 2}
+    expected = {
+        "ok": server.hits["mixed/ok"],
+        "error": server.hits["mixed/500"] // 2,
+        "malformed": (server.hits["mixed/noscore"] + server.hits["mixed/outofrange"]) // 2,
+    }
     assert status == {k: v for k, v in expected.items() if v}
-    assert kinds == {k: v for k, v in {"server_error": expected["error"], "no_valid_score": expected["malformed"]}.items()
-                     if v}
+    assert kinds == {
+        k: v for k, v in {"server_error": expected["error"], "no_valid_score": expected["malformed"]}.items() if v
+    }
     assert status.get("ok", 0) > 0 and len(coach_df) - status.get("ok", 0) > 0, status
     assert coach_df[coach_df.status == "ok"]["score"].eq(7.0).all()
     missing = coach_df[coach_df.status != "ok"]
@@ -212,8 +238,9 @@ def test_train_iteration_completes_with_a_faulty_coach(prefect_harness, server, 
 
     adv = store.read_table(run_dir, "advantages", 1, "rollout")
     assert len(adv) == len(coach_df)
-    assert set(adv[adv["weight"] == 0]["turn"].astype(str) + adv[adv["weight"] == 0]["episode_id"]) == \
-        set(missing["turn"].astype(str) + missing["episode_id"])  # missing scores are masked out of the loss
+    assert set(adv[adv["weight"] == 0]["turn"].astype(str) + adv[adv["weight"] == 0]["episode_id"]) == set(
+        missing["turn"].astype(str) + missing["episode_id"]
+    )  # missing scores are masked out of the loss
     assert len(store.read_table(run_dir, "updates", 1)) == 3
 
     client = MlflowClient(tracking_uri=f"sqlite:///{Path(tmp_path).resolve() / 'mlflow.db'}")

@@ -3,6 +3,7 @@ the real coach stage (tasks/coach_evaluate.score_episodes) to a real HTTP server
 records each request body; the answer is a number no episode text contains (987654), and neither it
 nor anything derived from it (DSBench's score on the hidden labels, deep research's gold documents)
 may reach the coach. MathChat's answer-blind rubric scores alike whatever the answer."""
+
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,9 +23,21 @@ ANSWER = "987654"
 class Recorder(BaseHTTPRequestHandler):
     def do_POST(self):
         self.server.bodies.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
-        data = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "coach",
-                           "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                               "role": "assistant", "content": "Sound.\nPROCESS_SCORE: 7"}}]}).encode()
+        data = json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "coach",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "Sound.\nPROCESS_SCORE: 7"},
+                    }
+                ],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -46,29 +59,47 @@ def server():
 
 
 def act(turn, agent, response, tool_output=None, tool_name=None, tool_input=None):
-    return {"turn": turn, "agent": agent, "prompt_text": f"the {agent}'s input", "response_text": response,
-            "tool_output": tool_output, "tool_name": tool_name, "tool_input": tool_input}
+    return {
+        "turn": turn,
+        "agent": agent,
+        "prompt_text": f"the {agent}'s input",
+        "response_text": response,
+        "tool_output": tool_output,
+        "tool_name": tool_name,
+        "tool_input": tool_input,
+    }
 
 
 def mathchat_episode(answer=ANSWER, output="42", verdict="ANSWER: 42"):
-    acts = [act(0, "solver", "Multiply 6 by 7."),
-            act(1, "executor", "```python\nprint(6 * 7)\n```", output, "python", "print(6 * 7)"),
-            act(2, "verifier", verdict)]
+    acts = [
+        act(0, "solver", "Multiply 6 by 7."),
+        act(1, "executor", "```python\nprint(6 * 7)\n```", output, "python", "print(6 * 7)"),
+        act(2, "verifier", verdict),
+    ]
     return Episode(Problem("m", "What is 6 times 7?", answer), "e0", "g0", acts, final_answer="42")
 
 
 def dsbench_episode():
-    acts = [act(i, a, "```python\nimport pandas\n```", "(no output)\nFiles now: train.csv", "python", "import pandas")
-            for i, a in enumerate(("data_engineer", "modeler", "analyst"))]
-    return Episode(Problem("diabetes-0", "Predict the target.", ANSWER), "e0", "g0", acts,
-                   final_answer=f"fair RMSE 0.{ANSWER} on the hidden test labels")
+    acts = [
+        act(i, a, "```python\nimport pandas\n```", "(no output)\nFiles now: train.csv", "python", "import pandas")
+        for i, a in enumerate(("data_engineer", "modeler", "analyst"))
+    ]
+    return Episode(
+        Problem("diabetes-0", "Predict the target.", ANSWER),
+        "e0",
+        "g0",
+        acts,
+        final_answer=f"fair RMSE 0.{ANSWER} on the hidden test labels",
+    )
 
 
 def deepresearch_episode(run_dir):
     p = next(p for p in context.pipeline(run_dir).problems("train") if p.hops == 2)  # a bridge document to hide
-    acts = [act(0, "system2", "search: who built it", "# Unrelated Page\nnothing here", "search", "who built it"),
-            act(1, "system1", "- nothing relevant", "# Unrelated Page\nnothing here", "extract", "who built it"),
-            act(2, "system2", "answer: nobody", None, "answer", "nobody")]
+    acts = [
+        act(0, "system2", "search: who built it", "# Unrelated Page\nnothing here", "search", "who built it"),
+        act(1, "system1", "- nothing relevant", "# Unrelated Page\nnothing here", "extract", "who built it"),
+        act(2, "system2", "answer: nobody", None, "answer", "nobody"),
+    ]
     return Episode(Problem(p.task_id, p.question, ANSWER), "e0", "g0", acts, final_answer="nobody")
 
 
@@ -87,10 +118,19 @@ def run_dir_for(tmp_path, preset, *overrides):
 @pytest.mark.parametrize("preset", ["tiny", "dsbench-tiny", "deepresearch-tiny"])
 @pytest.mark.parametrize("ground_truth", [False, True])
 def test_llm_coach_requests_hold_no_answer(server, tmp_path, preset, ground_truth):
-    run_dir = run_dir_for(tmp_path, preset, "coach.backend=llm", f"coach.ground_truth={str(ground_truth).lower()}",
-                          f"coach.base_url=http://127.0.0.1:{server.server_port}/v1", "coach.cache=false")
-    ep = {"tiny": mathchat_episode, "dsbench-tiny": dsbench_episode,
-          "deepresearch-tiny": lambda: deepresearch_episode(run_dir)}[preset]()
+    run_dir = run_dir_for(
+        tmp_path,
+        preset,
+        "coach.backend=llm",
+        f"coach.ground_truth={str(ground_truth).lower()}",
+        f"coach.base_url=http://127.0.0.1:{server.server_port}/v1",
+        "coach.cache=false",
+    )
+    ep = {
+        "tiny": mathchat_episode,
+        "dsbench-tiny": dsbench_episode,
+        "deepresearch-tiny": lambda: deepresearch_episode(run_dir),
+    }[preset]()
     [results] = score_episodes(run_dir, [ep])
     assert [r.status for r in results] == ["ok"] * 3 and len(server.bodies) == 3
     leaked = [ANSWER, *(hidden_titles(run_dir, ep) if preset == "deepresearch-tiny" else [])]
@@ -116,9 +156,13 @@ def test_blind_rubric_reads_no_answer(tmp_path):
 
     run_dir = run_dir_for(tmp_path, "tiny", "coach.ground_truth=false")
     for output, verdict in [("42", "ANSWER: 42"), ("42", "It is 42"), ("ERROR: boom", "ANSWER: 3"), ("42", "")]:
-        blind = [[(r.score, r.rationale, r.status) for r in score_episodes(run_dir, [mathchat_episode(a, output,
-                                                                                                    verdict)])[0]]
-                 for a in (Untouchable(ANSWER), "42", ANSWER)]
+        blind = [
+            [
+                (r.score, r.rationale, r.status)
+                for r in score_episodes(run_dir, [mathchat_episode(a, output, verdict)])[0]
+            ]
+            for a in (Untouchable(ANSWER), "42", ANSWER)
+        ]
         assert blind[0] == blind[1] == blind[2]  # the same scores and rationales, whatever the answer
         assert "error" not in {status for _, _, status in blind[0]} and ANSWER not in str(blind[2])
 

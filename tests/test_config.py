@@ -1,4 +1,5 @@
 """Run config loading, `--set` overrides and their errors (flows/config.py), and the CLI's refusal."""
+
 import pytest
 from typer.testing import CliRunner
 
@@ -14,8 +15,18 @@ def test_tiny_preset_loads():
 
 
 def test_overrides_apply():
-    cfg = load_config("tiny", ["seed=3", "run.dir=/x", "coach.backend=llm", "algorithm.return_scope=agent",
-                               "pipeline.max_new_tokens.solver=5", "pipeline.families=[arith]", "run.id=my-run.1"])
+    cfg = load_config(
+        "tiny",
+        [
+            "seed=3",
+            "run.dir=/x",
+            "coach.backend=llm",
+            "algorithm.return_scope=agent",
+            "pipeline.max_new_tokens.solver=5",
+            "pipeline.families=[arith]",
+            "run.id=my-run.1",
+        ],
+    )
     assert cfg.seed == 3 and cfg.run.dir == "/x" and cfg.coach.backend == "llm"
     assert cfg.algorithm.return_scope == "agent"
     assert cfg.pipeline.max_new_tokens == {"solver": 5, "executor": 24, "verifier": 8}  # sibling keys kept
@@ -29,19 +40,22 @@ def test_yaml_file_path_works(tmp_path):
     assert (cfg.preset, cfg.seed, cfg.iterations) == ("mine", 9, 1)
 
 
-@pytest.mark.parametrize("override, field", [
-    ("bogus.key=1", "bogus"),                            # unknown section
-    ("coach.bogus=1", "coach.bogus"),                    # unknown key in a section
-    ("seed=abc", "seed"),                                # wrong type
-    ("iterations=1.5", "iterations"),
-    ("algorithm.clip_eps=5", "algorithm.clip_eps"),      # out of range
-    ("seed=-1", "seed"),
-    ("algorithm.estimator=ppo", "algorithm.estimator"),  # unknown estimator
-    ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
-    ("noequals", "noequals"),                            # malformed override
-    ("=3", "=3"),
-    ("seed.x=1", "seed"),                                # a value used as a section
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("bogus.key=1", "bogus"),  # unknown section
+        ("coach.bogus=1", "coach.bogus"),  # unknown key in a section
+        ("seed=abc", "seed"),  # wrong type
+        ("iterations=1.5", "iterations"),
+        ("algorithm.clip_eps=5", "algorithm.clip_eps"),  # out of range
+        ("seed=-1", "seed"),
+        ("algorithm.estimator=ppo", "algorithm.estimator"),  # unknown estimator
+        ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
+        ("noequals", "noequals"),  # malformed override
+        ("=3", "=3"),
+        ("seed.x=1", "seed"),  # a value used as a section
+    ],
+)
 def test_bad_override_names_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config("tiny", [override])

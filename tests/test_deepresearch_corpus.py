@@ -1,12 +1,20 @@
 """DeepResearch data layer: the generated fictional corpus, its JSONL format, and BM25 search."""
+
 import hashlib
 import re
 from collections import Counter
 
 import pytest
 
-from pipelines.deepresearch.corpus import (Document, ResearchProblem, approx_tokens, generate, load_jsonl,
-                                           split, write_jsonl)
+from pipelines.deepresearch.corpus import (
+    Document,
+    ResearchProblem,
+    approx_tokens,
+    generate,
+    load_jsonl,
+    split,
+    write_jsonl,
+)
 from pipelines.deepresearch.search import SearchIndex
 
 
@@ -34,9 +42,9 @@ def test_support_chains_hold_the_answers(world):
     for p in problems:
         assert len(p.support) == p.hops == len(set(p.support))
         chain = [by_id[i] for i in p.support]
-        assert chain[0].title in p.question                  # the chain starts at the named entity
-        assert p.answer in chain[-1].text                    # and ends at the document stating the answer
-        for a, b in zip(chain, chain[1:]):                   # each hop names the next document's entity
+        assert chain[0].title in p.question  # the chain starts at the named entity
+        assert p.answer in chain[-1].text  # and ends at the document stating the answer
+        for a, b in zip(chain, chain[1:]):  # each hop names the next document's entity
             assert b.title in a.text
         assert p.task_id == hashlib.sha1(p.question.encode()).hexdigest()[:12]
     assert len({p.question for p in problems}) == len(problems)
@@ -55,7 +63,7 @@ def test_names_unique_with_near_misses(world):
     titles = [d.title for d in world[0]]
     assert len({t.lower() for t in titles}) == len(titles)
     surnames = Counter(t.split()[-1] for t in titles if len(t.split()) == 2)
-    assert sum(c > 1 for c in surnames.values()) >= 10     # shared surnames / company stems
+    assert sum(c > 1 for c in surnames.values()) >= 10  # shared surnames / company stems
 
 
 def test_split_is_disjoint_and_deterministic(world):
@@ -77,12 +85,14 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_load_defaults(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"id": "a", "text": "Alpha."}\n\n{"id": "b", "text": "Beta."}\n')
-    (tmp_path / "q.jsonl").write_text('{"question": "Q1?", "answer": " x "}\n'
-                                      '{"question": "Q2?", "answer": 1907, "support": ["a", "b"]}\n')
+    (tmp_path / "q.jsonl").write_text(
+        '{"question": "Q1?", "answer": " x "}\n{"question": "Q2?", "answer": 1907, "support": ["a", "b"]}\n'
+    )
     docs, problems = load_jsonl(tmp_path / "d.jsonl", tmp_path / "q.jsonl")
     assert docs == [Document("a", "", "Alpha."), Document("b", "", "Beta.")]
-    assert problems[0] == ResearchProblem(task_id=hashlib.sha1(b"Q1?").hexdigest()[:12], question="Q1?",
-                                          answer="x", hops=1, support=())
+    assert problems[0] == ResearchProblem(
+        task_id=hashlib.sha1(b"Q1?").hexdigest()[:12], question="Q1?", answer="x", hops=1, support=()
+    )
     assert (problems[1].answer, problems[1].hops, problems[1].support) == ("1907", 2, ("a", "b"))
 
 
@@ -90,25 +100,32 @@ GOOD_DOCS = ['{"id": "a", "text": "Alpha."}', '{"id": "b", "title": "B", "text":
 GOOD_QS = ['{"question": "Q1?", "answer": "x", "support": ["a"]}', '{"question": "Q2?", "answer": "y"}']
 
 
-@pytest.mark.parametrize("docs, qs, where, message", [
-    (GOOD_DOCS + ['{"id": "c", "text": '], GOOD_QS, "d.jsonl:3", "invalid JSON"),
-    (['["a", "b"]'], GOOD_QS, "d.jsonl:1", "JSON object"),
-    (GOOD_DOCS + ['{"id": "c"}'], GOOD_QS, "d.jsonl:3", "missing key"),
-    (['{"text": "Alpha."}'], GOOD_QS, "d.jsonl:1", "missing key"),
-    (GOOD_DOCS + ['{"id": "c", "text": "  "}'], GOOD_QS, "d.jsonl:3", "empty text"),
-    (GOOD_DOCS + ['{"id": "a", "text": "Again."}'], GOOD_QS, "d.jsonl:3", "duplicate document id"),
-    ([], GOOD_QS, "d.jsonl", "empty file"),
-    (GOOD_DOCS, [GOOD_QS[0], "{oops"], "q.jsonl:2", "invalid JSON"),
-    (GOOD_DOCS, [GOOD_QS[0], '{"question": "Q2?"}'], "q.jsonl:2", "missing key"),
-    (GOOD_DOCS, ['{"answer": "x"}'], "q.jsonl:1", "missing key"),
-    (GOOD_DOCS, ['{"question": "Q?", "answer": ""}'], "q.jsonl:1", "empty answer"),
-    (GOOD_DOCS, [GOOD_QS[0], '{"question": "Q2?", "answer": "y", "support": ["a", "zz"]}'], "q.jsonl:2",
-     "zz not in"),
-    (GOOD_DOCS, ['{"question": "Q?", "answer": "x", "support": "a"}'], "q.jsonl:1", "support must be a list"),
-    (GOOD_DOCS, ['{"question": "Q?", "answer": "x", "hops": "two"}'], "q.jsonl:1", "hops must be an integer"),
-    (GOOD_DOCS, GOOD_QS + [GOOD_QS[0]], "q.jsonl:3", "duplicate question"),
-    (GOOD_DOCS, ["", "  "], "q.jsonl", "empty file"),
-])
+@pytest.mark.parametrize(
+    "docs, qs, where, message",
+    [
+        (GOOD_DOCS + ['{"id": "c", "text": '], GOOD_QS, "d.jsonl:3", "invalid JSON"),
+        (['["a", "b"]'], GOOD_QS, "d.jsonl:1", "JSON object"),
+        (GOOD_DOCS + ['{"id": "c"}'], GOOD_QS, "d.jsonl:3", "missing key"),
+        (['{"text": "Alpha."}'], GOOD_QS, "d.jsonl:1", "missing key"),
+        (GOOD_DOCS + ['{"id": "c", "text": "  "}'], GOOD_QS, "d.jsonl:3", "empty text"),
+        (GOOD_DOCS + ['{"id": "a", "text": "Again."}'], GOOD_QS, "d.jsonl:3", "duplicate document id"),
+        ([], GOOD_QS, "d.jsonl", "empty file"),
+        (GOOD_DOCS, [GOOD_QS[0], "{oops"], "q.jsonl:2", "invalid JSON"),
+        (GOOD_DOCS, [GOOD_QS[0], '{"question": "Q2?"}'], "q.jsonl:2", "missing key"),
+        (GOOD_DOCS, ['{"answer": "x"}'], "q.jsonl:1", "missing key"),
+        (GOOD_DOCS, ['{"question": "Q?", "answer": ""}'], "q.jsonl:1", "empty answer"),
+        (
+            GOOD_DOCS,
+            [GOOD_QS[0], '{"question": "Q2?", "answer": "y", "support": ["a", "zz"]}'],
+            "q.jsonl:2",
+            "zz not in",
+        ),
+        (GOOD_DOCS, ['{"question": "Q?", "answer": "x", "support": "a"}'], "q.jsonl:1", "support must be a list"),
+        (GOOD_DOCS, ['{"question": "Q?", "answer": "x", "hops": "two"}'], "q.jsonl:1", "hops must be an integer"),
+        (GOOD_DOCS, GOOD_QS + [GOOD_QS[0]], "q.jsonl:3", "duplicate question"),
+        (GOOD_DOCS, ["", "  "], "q.jsonl", "empty file"),
+    ],
+)
 def test_load_errors_name_file_and_line(tmp_path, docs, qs, where, message):
     (tmp_path / "d.jsonl").write_text("".join(line + "\n" for line in docs))
     (tmp_path / "q.jsonl").write_text("".join(line + "\n" for line in qs))
@@ -126,11 +143,15 @@ def test_bm25_finds_one_hop_support(world):
 
 
 def test_bm25_edge_cases():
-    docs = [Document("a", "Osk", "Osk lies north."), Document("b", "Osk", "Osk lies north."),
-            Document("c", "Vel", "Vel lies south of Osk."), Document("d", "Tor", "Nothing here.")]
+    docs = [
+        Document("a", "Osk", "Osk lies north."),
+        Document("b", "Osk", "Osk lies north."),
+        Document("c", "Vel", "Vel lies south of Osk."),
+        Document("d", "Tor", "Nothing here."),
+    ]
     index = SearchIndex(docs)
     assert index.search("", 5) == [] and index.search("what is the", 5) == [] and index.search("osk", 0) == []
     assert index.search("zzz", 5) == []
-    assert [d.doc_id for d in index.search("Where is Osk?", 10)] == ["a", "b", "c"]   # ties in corpus order
+    assert [d.doc_id for d in index.search("Where is Osk?", 10)] == ["a", "b", "c"]  # ties in corpus order
     assert [d.doc_id for d in index.search("osk north", 1)] == ["a"]
     assert SearchIndex([]).search("osk", 3) == []

@@ -1,4 +1,5 @@
 """DeepResearch prompts: the worked examples each system sees, and what System 2 reads turn by turn."""
+
 import re
 
 import pytest
@@ -18,8 +19,9 @@ from pipelines.deepresearch.corpus import COMPANY_SUFFIXES, SYLLABLES, generate
 
 
 def _pipe(**over) -> DeepResearch:
-    cfg = DeepResearchConfig(questions=12, eval_size=4, distractors=8, hops=[1], max_tokens=200, max_turns=2,
-                             top_k=1, **over)
+    cfg = DeepResearchConfig(
+        questions=12, eval_size=4, distractors=8, hops=[1], max_tokens=200, max_turns=2, top_k=1, **over
+    )
     return DeepResearch(cfg, seed=0)
 
 
@@ -30,7 +32,7 @@ def test_system2_sees_whole_worked_episodes_before_the_question():
     shots = chat[1:-1]
     assert [m["role"] for m in shots] == ["user", "assistant"] * 2 * len(S2_EXAMPLES)
     for k, (q, query, purpose, findings, answer) in enumerate(S2_EXAMPLES):
-        ask, search, seen, reply = shots[4 * k:4 * k + 4]
+        ask, search, seen, reply = shots[4 * k : 4 * k + 4]
         assert ask["content"] == f"Question: {q}"
         assert parse_turn(search["content"]) == ("search", query, purpose)
         assert seen["content"].startswith(f"Findings ({purpose}):\n") and seen["content"].endswith(FINAL_NOTE)
@@ -42,8 +44,10 @@ def test_system2_sees_whole_worked_episodes_before_the_question():
 def test_system1_sees_a_copied_sentence_before_its_bin():
     chat = _pipe().system1_chat("the founder of Veltor Mining", "# Veltor Mining\nVeltor Mining is a company.")
     assert chat[0] == {"role": "system", "content": SYSTEM1}
-    assert chat[-1]["content"] == "Purpose: the founder of Veltor Mining\n\nDocuments:\n# Veltor Mining\n" \
-                                  "Veltor Mining is a company."
+    assert (
+        chat[-1]["content"] == "Purpose: the founder of Veltor Mining\n\nDocuments:\n# Veltor Mining\n"
+        "Veltor Mining is a company."
+    )
     assert [m["role"] for m in chat[1:-1]] == ["user", "assistant"] * len(S1_EXAMPLES)
     for (purpose, doc, sentence), (ask, reply) in zip(S1_EXAMPLES, zip(chat[1:-1:2], chat[2:-1:2])):
         assert ask["content"] == f"Purpose: {purpose}\n\nDocuments:\n{doc}"

@@ -1,5 +1,6 @@
 """The `deepspeed` trainer, checked on a CPU: the ZeRO config builder, and the trainer's update against
 the torch trainer's with a fake `deepspeed` engine (benchmarks/gpu_deepspeed.py runs the real one on a GPU)."""
+
 from __future__ import annotations
 
 import sys
@@ -15,13 +16,16 @@ from infra.engines.zero import DeepSpeedConfig, build_zero_config, single_proces
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 # -- DeepSpeed: the config builder ---------------------------------------------------------------------
 def test_zero3_config():
     cfg = build_zero_config(DeepSpeedConfig(), micro_batch_size=2, max_grad_norm=1.0, bf16=False)
-    assert cfg["zero_optimization"] == {"stage": 3, "overlap_comm": False, "contiguous_gradients": True,
-                                        "stage3_param_persistence_threshold": 100_000,
-                                        "stage3_gather_16bit_weights_on_model_save": False}
+    assert cfg["zero_optimization"] == {
+        "stage": 3,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "stage3_param_persistence_threshold": 100_000,
+        "stage3_gather_16bit_weights_on_model_save": False,
+    }
     assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 1
     assert cfg["train_batch_size"] == 2 and cfg["gradient_clipping"] == 1.0
     assert cfg["bf16"] == {"enabled": False} and cfg["fp16"] == {"enabled": False}
@@ -29,17 +33,24 @@ def test_zero3_config():
 
 
 def test_zero_offload_and_stages():
-    cfg = build_zero_config(DeepSpeedConfig(offload_optimizer="cpu", offload_param="cpu"), micro_batch_size=4,
-                            max_grad_norm=0.5, bf16=True, world_size=8)
+    cfg = build_zero_config(
+        DeepSpeedConfig(offload_optimizer="cpu", offload_param="cpu"),
+        micro_batch_size=4,
+        max_grad_norm=0.5,
+        bf16=True,
+        world_size=8,
+    )
     z = cfg["zero_optimization"]
     assert z["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert z["offload_param"] == {"device": "cpu", "pin_memory": True}
     assert cfg["zero_force_ds_cpu_optimizer"] is False  # our torch AdamW, also when offloaded
     assert cfg["train_batch_size"] == 32 and cfg["bf16"] == {"enabled": True}
-    assert build_zero_config(DeepSpeedConfig(zero_stage=0), micro_batch_size=1, max_grad_norm=1.0,
-                             bf16=False)["zero_optimization"] == {"stage": 0}
-    z2 = build_zero_config(DeepSpeedConfig(zero_stage=2, offload_optimizer="cpu"), micro_batch_size=1,
-                           max_grad_norm=1.0, bf16=False)["zero_optimization"]
+    assert build_zero_config(DeepSpeedConfig(zero_stage=0), micro_batch_size=1, max_grad_norm=1.0, bf16=False)[
+        "zero_optimization"
+    ] == {"stage": 0}
+    z2 = build_zero_config(
+        DeepSpeedConfig(zero_stage=2, offload_optimizer="cpu"), micro_batch_size=1, max_grad_norm=1.0, bf16=False
+    )["zero_optimization"]
     assert z2["stage"] == 2 and "offload_param" not in z2 and "stage3_param_persistence_threshold" not in z2
     with pytest.raises(ValueError, match="offload_param needs zero_stage 3"):
         DeepSpeedConfig(zero_stage=2, offload_param="cpu")
@@ -48,8 +59,13 @@ def test_zero_offload_and_stages():
 
 
 def test_single_process_env_fills_only_what_a_launcher_did_not_set():
-    assert single_process_env({}, 1234) == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+    assert single_process_env({}, 1234) == {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234",
+    }
     assert single_process_env({"MASTER_PORT": "29500", "RANK": "0"}, 1)["MASTER_ADDR"] == "127.0.0.1"
     assert "MASTER_PORT" not in single_process_env({"MASTER_PORT": "29500"}, 1)
     assert single_process_env({}, 1, local_rank=2)["LOCAL_RANK"] == "2"  # engines.device=cuda:2
@@ -102,13 +118,17 @@ def fake_deepspeed(monkeypatch):
     ds.zero = types.SimpleNamespace(GatheredParameters=None)
     pp = types.ModuleType("deepspeed.runtime.zero.partition_parameters")
     pp.ZeroParamStatus = types.SimpleNamespace(NOT_AVAILABLE="not-available")
-    for name, mod in (("deepspeed", ds), ("deepspeed.runtime", types.ModuleType("deepspeed.runtime")),
-                      ("deepspeed.runtime.zero", types.ModuleType("deepspeed.runtime.zero")),
-                      ("deepspeed.runtime.zero.partition_parameters", pp)):
+    for name, mod in (
+        ("deepspeed", ds),
+        ("deepspeed.runtime", types.ModuleType("deepspeed.runtime")),
+        ("deepspeed.runtime.zero", types.ModuleType("deepspeed.runtime.zero")),
+        ("deepspeed.runtime.zero.partition_parameters", pp),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(k, "1" if k == "WORLD_SIZE" else "0")  # restored after the test
     return made
+
 
 def _items(n=6):
     return train_items(n, old_logprob=-7.0)
@@ -124,8 +144,7 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
 
     items = _items()
     loss = partial(ppo_clip_loss, clip_eps=0.2)
-    hyper = dict(lr=5e-3, weight_decay=0.01, epochs=2, minibatch_size=4, max_grad_norm=0.05, seed=3,
-                 micro_batch_size=3)
+    hyper = dict(lr=5e-3, weight_decay=0.01, epochs=2, minibatch_size=4, max_grad_norm=0.05, seed=3, micro_batch_size=3)
     for p in policy.parameters("a"):
         torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
     w0 = [p.detach().clone() for p in policy.parameters("a")]
@@ -142,8 +161,9 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
     w_torch = [p.detach().clone() for p in policy.parameters("a")]
 
     reset()
-    trainer = DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed",
-                                             deepspeed=DeepSpeedConfig(zero_stage=0)))
+    trainer = DeepSpeedTrainer(
+        EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=0))
+    )
     try:
         res_d, state_d = trainer.train(policy, "a", items, loss, **hyper)
         assert state_d["trainer"] == "deepspeed" and state_d["zero_stage"] == 0
@@ -173,13 +193,33 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
     trainer = DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed"))
     before = [p.detach().clone() for p in policy.parameters("a")]
     try:
-        res, state = trainer.train(policy, "a", _items(2), lambda lp, o, a, m: ((lp * float("nan")).sum(), {}),
-                                   lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0)
+        res, state = trainer.train(
+            policy,
+            "a",
+            _items(2),
+            lambda lp, o, a, m: ((lp * float("nan")).sum(), {}),
+            lr=1e-2,
+            weight_decay=0.0,
+            epochs=1,
+            minibatch_size=2,
+            max_grad_norm=1.0,
+            seed=0,
+        )
         assert res.skipped and state is None and "non-finite loss" in res.reason
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters("a")))
-        res, state = trainer.train(policy, "a", _items(4), partial(ppo_clip_loss, clip_eps=0.2), lr=1e-2,
-                                   weight_decay=0.0, epochs=3, minibatch_size=2, max_grad_norm=1.0, seed=0,
-                                   kl_stop=-1.0)  # any KL estimate exceeds it: stop before the first step
+        res, state = trainer.train(
+            policy,
+            "a",
+            _items(4),
+            partial(ppo_clip_loss, clip_eps=0.2),
+            lr=1e-2,
+            weight_decay=0.0,
+            epochs=3,
+            minibatch_size=2,
+            max_grad_norm=1.0,
+            seed=0,
+            kl_stop=-1.0,
+        )  # any KL estimate exceeds it: stop before the first step
         assert not res.skipped and res.stats["early_stopped"] == 1.0 and res.tokens == 0
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters("a")))
     finally:
@@ -222,8 +262,9 @@ def test_zero3_moments_round_trip_through_its_empty_param_groups(tmp_path):
     assert second.optimizer.param_groups[0]["params"] == []
     torch.testing.assert_close(second.optimizer.state[flat2]["exp_avg"], first.optimizer.state[flat]["exp_avg"])
     with pytest.warns(RuntimeWarning, match="another ZeRO stage"):
-        DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=2))
-                         )._load_moments(zero3(torch.nn.Parameter(torch.ones(5))), tmp_path / "opt.pt")
+        DeepSpeedTrainer(
+            EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=2))
+        )._load_moments(zero3(torch.nn.Parameter(torch.ones(5))), tmp_path / "opt.pt")
 
 
 def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
@@ -234,8 +275,17 @@ def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
 
     torch.save({"trainer": "deepspeed", "zero_stage": 3, "layout": [[1]], "state": {}}, tmp_path / "opt.pt")
     with pytest.warns(RuntimeWarning, match="fresh AdamW moments"):
-        res, _ = train_agent(policy, "b", _items(2), partial(ppo_clip_loss, clip_eps=0.2), lr=0.0, weight_decay=0.0,
-                             epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0, optimizer_state=tmp_path / "opt.pt")
+        res, _ = train_agent(
+            policy,
+            "b",
+            _items(2),
+            partial(ppo_clip_loss, clip_eps=0.2),
+            lr=0.0,
+            weight_decay=0.0,
+            epochs=1,
+            minibatch_size=2,
+            max_grad_norm=1.0,
+            seed=0,
+            optimizer_state=tmp_path / "opt.pt",
+        )
     assert not res.skipped
-
-

@@ -1,5 +1,6 @@
 """prefect.yaml: generated from the presets, one train deployment per preset whose parameters are that
 preset's config exactly, plus evaluate and align, on the process work pool."""
+
 from pathlib import Path
 
 import yaml
@@ -11,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_prefect_yaml_is_generated_from_the_current_presets():
-    assert (ROOT / "prefect.yaml").read_text() == render(), \
+    assert (ROOT / "prefect.yaml").read_text() == render(), (
         "prefect.yaml is stale: run `.venv/bin/python -m flows.deployments > prefect.yaml`"
+    )
 
 
 def test_each_preset_deployment_carries_exactly_that_preset():

@@ -2,6 +2,7 @@
 space named), and the run resumes once space is freed; checkpoints keep their optimizer state only where the
 next update starts, and the weights of every `checkpoint.keep_every`-th version; `runs show` prints the disk
 use. The full-disk tests mount a small tmpfs (root only)."""
+
 import errno
 import os
 import pickle
@@ -28,8 +29,9 @@ def tmpfs(path: Path, size: str):
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("a full disk is simulated with a tmpfs, and mounting one needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs to simulate a full disk: {r.stderr.strip()}")
     try:
@@ -69,7 +71,7 @@ def test_full_disk_is_recognised_however_the_writer_reports_it():
         try:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
     except RuntimeError as e:
         assert full_disk_errno(e) == errno.ENOSPC
     # safetensors: only its message says so
@@ -98,9 +100,23 @@ def test_a_failed_write_removes_its_temporaries_and_keeps_other_errors(tmp_path)
 
 # -- full disks, for real (a tmpfs) ---------------------------------------------------------------------------
 def _coach_rows(n: int, text_bytes: int) -> list[dict]:
-    return [{"run_id": "r", "iteration": 1, "phase": "rollout", "episode_id": f"e{i}", "turn": 0, "agent": "a",
-             "score": 1.0, "rationale": os.urandom(text_bytes // 2).hex(), "coach_model": "m", "latency_s": 0.0,
-             "status": "ok", "error_kind": None} for i in range(n)]
+    return [
+        {
+            "run_id": "r",
+            "iteration": 1,
+            "phase": "rollout",
+            "episode_id": f"e{i}",
+            "turn": 0,
+            "agent": "a",
+            "score": 1.0,
+            "rationale": os.urandom(text_bytes // 2).hex(),
+            "coach_model": "m",
+            "latency_s": 0.0,
+            "status": "ok",
+            "error_kind": None,
+        }
+        for i in range(n)
+    ]
 
 
 def test_a_partition_write_on_a_full_disk_leaves_nothing_and_names_path_and_space(tmp_path):
@@ -118,10 +134,13 @@ def test_a_partition_write_on_a_full_disk_leaves_nothing_and_names_path_and_spac
         assert store.read_table(disk, "coach")["rationale"].tolist() == [r["rationale"] for r in rows]
 
 
-@pytest.mark.parametrize("free_kib, optimizer_mib", [
-    (128, 0),     # the adapter (312 KiB) does not fit (safetensors says so only in its message)
-    (1024, 4),    # the adapter fits, its optimizer state does not (torch: a RuntimeError over the OSError)
-])
+@pytest.mark.parametrize(
+    "free_kib, optimizer_mib",
+    [
+        (128, 0),  # the adapter (312 KiB) does not fit (safetensors says so only in its message)
+        (1024, 4),  # the adapter fits, its optimizer state does not (torch: a RuntimeError over the OSError)
+    ],
+)
 def test_a_checkpoint_write_on_a_full_disk_leaves_the_last_version_intact(policy, tmp_path, free_kib, optimizer_mib):
     disk = tmp_path / "disk"
     with tmpfs(disk, "16m"):
@@ -195,8 +214,13 @@ def test_disk_use_splits_checkpoints_optimizer_state_and_tables(tmp_path):
     (tmp_path / "summary.md").write_text("x" * 7)
     table = sum(p.stat().st_size for p in (tmp_path / "coach").rglob("*.parquet"))
     ckpt = 3 * 100 + 3 * 2 + 1  # weights, meta.json, the `latest` pointer
-    assert disk_use(tmp_path) == {"checkpoints": ckpt, "optimizer state": 2 * 200, "tables": table, "other": 7,
-                                  "total": ckpt + 400 + table + 7}
+    assert disk_use(tmp_path) == {
+        "checkpoints": ckpt,
+        "optimizer state": 2 * 200,
+        "tables": table,
+        "other": 7,
+        "total": ckpt + 400 + table + 7,
+    }
 
 
 def test_registered_checkpoints_are_found_per_agent(tmp_path):
@@ -229,8 +253,18 @@ def test_training_on_a_full_disk_stops_cleanly_and_resumes_to_identical_tables(t
     disk = tmp_path / "disk"
     wide = {"COLUMNS": "1000"}  # the CLI's message on one line
     with tmpfs(disk, f"{_blocks(Path(ref_dir)) // 2 // 4096 * 4}k"):
-        args = ["train", "tiny", "--set", f"run.dir={disk}", "--set", "run.id=full", "--set", "seed=1",
-                "--set", f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+        args = [
+            "train",
+            "tiny",
+            "--set",
+            f"run.dir={disk}",
+            "--set",
+            "run.id=full",
+            "--set",
+            "seed=1",
+            "--set",
+            f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        ]
         rc, out = _teamrl(args, tmp_path / "full.log", wide)
         assert rc == 1, out[-3000:]
         stopped = [ln for ln in out.splitlines() if ln.startswith("error: ") and "no space left on device" in ln]
@@ -259,8 +293,18 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
 
     _, ref_dir = trained_run
     run_dir = tmp_path / "pruned"
-    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=pruned", "--set", "seed=1",
-            "--set", "checkpoint.keep_every=2"]
+    args = [
+        "train",
+        "tiny",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "run.id=pruned",
+        "--set",
+        "seed=1",
+        "--set",
+        "checkpoint.keep_every=2",
+    ]
     # partition writes: the evaluation at 0 (actions, episodes, coach), iteration 1 (those, advantages and
     # 3 updates), iteration 2's rollouts (4): the 15th is the solver's `updates` row of iteration 2
     rc, out = _teamrl(args, tmp_path / "killed.log", {"TEAMRL_FAULT": "partition:15"})

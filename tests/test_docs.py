@@ -1,5 +1,6 @@
 """The docs site: its generated pages are current, every TEAMRL_* variable is documented, the README's links
 into docs/ resolve, and `mkdocs build --strict` passes (what CI runs through `make test`)."""
+
 import importlib.util
 import os
 import re
@@ -21,19 +22,22 @@ def _words(text: str) -> str:
 
 def test_generated_reference_pages_are_current():
     for path, text in pages().items():
-        same = (_words if path.name == "cli.md" else str)
-        assert path.exists() and same(path.read_text()) == same(text), \
+        same = _words if path.name == "cli.md" else str
+        assert path.exists() and same(path.read_text()) == same(text), (
             f"{path.relative_to(ROOT)} is stale: run `.venv/bin/python -m flows.reference`"
+        )
 
 
 def test_every_teamrl_variable_the_code_reads_is_documented():
-    sources = [p for d in ("flows", "tasks", "infra", "pipelines") for p in (ROOT / d).rglob("*")
-               if p.suffix in (".py", ".sh")] + [ROOT / "Makefile", ROOT / ".ci" / "run"]
+    sources = [
+        p for d in ("flows", "tasks", "infra", "pipelines") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".sh")
+    ] + [ROOT / "Makefile", ROOT / ".ci" / "run"]
     names = {m for p in sources for m in re.findall(r"\bTEAMRL_[A-Z][A-Z_]*[A-Z]\b", p.read_text())}
     assert {"TEAMRL_CACHE", "TEAMRL_PROGRESS", "TEAMRL_FAULT"} <= names  # the scan finds what it should
     page = (ROOT / "docs" / "reference" / "environment.md").read_text()
-    assert not (missing := sorted(n for n in names if f"`{n}`" not in page)), \
+    assert not (missing := sorted(n for n in names if f"`{n}`" not in page)), (
         f"document {missing} in docs/reference/environment.md"
+    )
 
 
 def test_readme_links_into_the_docs_resolve():
@@ -47,9 +51,24 @@ def test_mkdocs_build_strict(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("mkdocs-material is not installed: `pip install -e '.[docs]'` (make test installs it)")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-                          "--site-dir", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").is_file()
     notebook = (tmp_path / "site" / "results" / "notebook" / "index.html").read_text()

@@ -3,6 +3,7 @@ submission is scored; the rubric blames the agent whose hand-off was missing; th
 
 The scripted team stands in for the LLM only (fixed programs as its replies): the pipeline, the sandbox,
 scikit-learn and the scorer are the real ones."""
+
 import pytest
 
 from infra.generation import Generation
@@ -51,8 +52,9 @@ class ScriptedTeam:
 @pytest.fixture(scope="module")
 def pipe():
     """Replies are whole programs here: no examples in the prompts, no prefilled reply start."""
-    cfg = DSBenchConfig(datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold="none",
-                        stop=[])
+    cfg = DSBenchConfig(
+        datasets=["diabetes", "iris"], train_size=4, eval_size=2, examples=False, scaffold="none", stop=[]
+    )
     return DSBench(cfg, seed=0)
 
 
@@ -87,7 +89,8 @@ def test_the_example_programs_work_after_the_scaffold():
     def finish_example(agent):
         def reply(ids):
             kind = "regression" if "(regression)" in tok.decode(ids) else "classification"
-            return "\n".join(EXAMPLES[agent].format(model=MODEL[kind]).splitlines()[HEAD_LINES[agent]:]) + "\n```"
+            return "\n".join(EXAMPLES[agent].format(model=MODEL[kind]).splitlines()[HEAD_LINES[agent] :]) + "\n```"
+
         return reply
 
     team = ScriptedTeam({a: finish_example(a) for a in EXAMPLES}, tok)
@@ -98,8 +101,11 @@ def test_the_example_programs_work_after_the_scaffold():
         for p, ids in zip(probs, prompts):
             text = tok.decode(ids)
             assert text.endswith(pipe._lead(agent, p)) and "A program that works:" in text
-    assert eps[0].actions[1]["tool_input"].startswith("import pandas as pd\nfrom sklearn.ensemble import "
-                                                      "RandomForestRegressor")
+    assert (
+        eps[0]
+        .actions[1]["tool_input"]
+        .startswith("import pandas as pd\nfrom sklearn.ensemble import RandomForestRegressor")
+    )
     assert "RandomForestClassifier" in eps[1].actions[1]["tool_input"]
 
 
@@ -127,9 +133,9 @@ def test_stop_strings_need_a_scaffold():
 
 
 def test_coach_bias_divergence():
-    assert diverging(0.5, 0.7, 0.3, 0.3)          # score up 0.2, metric flat
-    assert not diverging(0.5, 0.7, 0.3, 0.4)      # both up
-    assert not diverging(0.5, 0.52, 0.3, 0.1)     # score moved less than tol
+    assert diverging(0.5, 0.7, 0.3, 0.3)  # score up 0.2, metric flat
+    assert not diverging(0.5, 0.7, 0.3, 0.4)  # both up
+    assert not diverging(0.5, 0.52, 0.3, 0.1)  # score moved less than tol
 
 
 @pytest.mark.slow
@@ -139,8 +145,9 @@ def test_dsbench_flow_runs_and_monitors_coach_bias(prefect_harness, tmp_path):
     from infra import store
     from tasks.coach_bias import by_task_type
 
-    run_dir = train(config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", "run.id=ds", "iterations=1",
-                                                        "evaluate=false"]))
+    run_dir = train(
+        config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", "run.id=ds", "iterations=1", "evaluate=false"])
+    )
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
     acts = store.load_actions(run_dir, 1, "rollout")
     assert set(acts["agent"]) == {"data_engineer", "modeler", "analyst"} and (acts["tool_name"] == "python").all()
@@ -166,8 +173,10 @@ def test_coach_bias_warning_reaches_metrics_and_a_prefect_artifact(prefect_harne
 
     import flows.train as tr
 
-    frames = {1: pd.DataFrame({"coach": [0.5, 0.4], "metric": [0.2, 0.3]}, index=[1.0, 0.0]),
-              2: pd.DataFrame({"coach": [0.8, 0.6], "metric": [0.2, 0.5]}, index=[1.0, 0.0])}
+    frames = {
+        1: pd.DataFrame({"coach": [0.5, 0.4], "metric": [0.2, 0.3]}, index=[1.0, 0.0]),
+        2: pd.DataFrame({"coach": [0.8, 0.6], "metric": [0.2, 0.5]}, index=[1.0, 0.0]),
+    }
     calls = iter([2, 1])  # coach_bias_metrics reads iteration k, then k - 1
     monkeypatch.setattr(tr, "by_task_type", lambda *a: frames[next(calls)])
     monkeypatch.setattr(tr.store, "read_table", lambda *a, **k: None)

@@ -1,4 +1,5 @@
 """DSBench data layer: problems, splits, workspace files, metrics and the submission scorer."""
+
 import math
 
 import numpy as np
@@ -28,6 +29,7 @@ def submit(workdir, ids, preds, columns=("id", "target")):
 
 
 # --- problems and splits ---------------------------------------------------------------------------------------
+
 
 def test_problems_deterministic_round_robin_unique():
     a, b = make_problems(ALL, 12, seed=3), make_problems(ALL, 12, seed=3)
@@ -104,6 +106,7 @@ def test_write_workspace(tmp_path):
 
 # --- metrics ---------------------------------------------------------------------------------------------------
 
+
 def test_rmse_hand_computed():
     assert rmse([1, 2, 3], [1, 2, 3]) == 0.0
     assert rmse([0, 0], [3, 4]) == pytest.approx(math.sqrt(12.5))  # sqrt((9 + 16) / 2)
@@ -128,6 +131,7 @@ def test_macro_f1_hand_computed():
 
 
 # --- scoring ---------------------------------------------------------------------------------------------------
+
 
 def test_perfect_submissions_succeed(tmp_path):
     _, _, truth = split(REG)

@@ -1,6 +1,7 @@
 """DSBench held-out modes: `datasets` (tasks on datasets training never sees: bundled ones outside
 `pipeline.datasets` and synthetic ones) and `splits` (new splits of the training datasets, the held-out set
 before); synthetic workspaces through the real scorer; success per held-out dataset in the report."""
+
 import hashlib
 
 import numpy as np
@@ -22,8 +23,16 @@ TRAIN = ["diabetes", "breast_cancer", "wine", "iris"]  # the default training da
 
 # the held-out problems of the implementation before `heldout` (commit a283cb8), seed 3, datasets TRAIN,
 # train_size 64, eval_size 8: their task ids and a digest of every field they had
-BEFORE_IDS = ["diabetes-3000073", "breast_cancer-3000074", "wine-3000075", "iris-3000076", "diabetes-3000077",
-              "breast_cancer-3000078", "wine-3000079", "iris-3000080"]
+BEFORE_IDS = [
+    "diabetes-3000073",
+    "breast_cancer-3000074",
+    "wine-3000075",
+    "iris-3000076",
+    "diabetes-3000077",
+    "breast_cancer-3000078",
+    "wine-3000079",
+    "iris-3000080",
+]
 BEFORE_DIGEST = "2e52ea91c987e5e8a9602442ae8093d0290b37330822bd410b07638afe1ec78e"
 BEFORE_FIELDS = ("task_id", "question", "answer", "dataset", "kind", "target", "split_seed")
 
@@ -108,9 +117,12 @@ def test_synthetic_workspace_written_and_scored(tmp_path):
 
 def test_team_solves_synthetic_held_out_tasks_in_the_sandbox():
     """The scripted team's programs (tests/test_dsbench.py) on synthetic tables: the same hand-offs and scoring."""
-    p = DSBench(DSBenchConfig(datasets=list(data.DATASETS), heldout="datasets", eval_size=2, examples=False,
-                              scaffold="none", stop=[]),
-                seed=0)
+    p = DSBench(
+        DSBenchConfig(
+            datasets=list(data.DATASETS), heldout="datasets", eval_size=2, examples=False, scaffold="none", stop=[]
+        ),
+        seed=0,
+    )
     held = p.problems("eval")
     eps = p.run_episodes(held, ["e0", "e1"], ["g0", "g1"], ScriptedTeam(GOOD))
     assert [e.problem.dataset for e in eps] == synthetic.names(2)
@@ -121,18 +133,39 @@ def test_team_solves_synthetic_held_out_tasks_in_the_sandbox():
 def test_success_per_held_out_dataset(tmp_path):
     held = pipeline(eval_size=5).problems("eval")  # digits and four synthetic datasets
     outcomes = [True, False, True, False, True]
-    eps = [dict(ROWS["episodes"], episode_id=f"e{i}", task_id=p.task_id, question=p.question, answer=p.answer,
-                pipeline="dsbench", success=s, iteration=1, phase="eval", metrics={"greedy": 1.0})
-           for i, (p, s) in enumerate(zip(held, outcomes))]
+    eps = [
+        dict(
+            ROWS["episodes"],
+            episode_id=f"e{i}",
+            task_id=p.task_id,
+            question=p.question,
+            answer=p.answer,
+            pipeline="dsbench",
+            success=s,
+            iteration=1,
+            phase="eval",
+            metrics={"greedy": 1.0},
+        )
+        for i, (p, s) in enumerate(zip(held, outcomes))
+    ]
     eps.append(dict(eps[0], episode_id="e5", success=False, infra_error="scorer: failed"))  # not counted
     eps.append(dict(eps[1], episode_id="e6", success=True))  # a second synthetic_classification_0 task
     store.write_partition(tmp_path, "episodes", 1, "eval", eps)
-    store.write_partition(tmp_path, "actions", 1, "eval",
-                          [dict(ROWS["actions"], episode_id=e["episode_id"], iteration=1, phase="eval") for e in eps])
+    store.write_partition(
+        tmp_path,
+        "actions",
+        1,
+        "eval",
+        [dict(ROWS["actions"], episode_id=e["episode_id"], iteration=1, phase="eval") for e in eps],
+    )
     m = partition_metrics(tmp_path, 1, "eval")
     assert {k: v for k, v in m.items() if k.startswith("success/")} == {
-        "success/digits": 1.0, "success/synthetic_classification_0": 0.5, "success/synthetic_regression_1": 1.0,
-        "success/synthetic_classification_2": 0.0, "success/synthetic_regression_3": 1.0}
+        "success/digits": 1.0,
+        "success/synthetic_classification_0": 0.5,
+        "success/synthetic_regression_1": 1.0,
+        "success/synthetic_classification_2": 0.0,
+        "success/synthetic_regression_3": 1.0,
+    }
     mathchat = [dict(e, pipeline="mathchat") for e in eps]  # a pipeline without groups: no breakdown
     store.write_partition(tmp_path / "m", "episodes", 1, "eval", mathchat)
     assert not [k for k in partition_metrics(tmp_path / "m", 1, "eval") if k.startswith("success/")]

@@ -1,6 +1,7 @@
 """Engines behind one interface, checked on a CPU: the registry, that the CPU install never imports vllm
 or deepspeed, the `hf` engine and rescoring, the coach's client pool and the GPU preset's checks. The
 vLLM engine: tests/test_vllm_engine.py; the DeepSpeed trainer: tests/test_deepspeed_trainer.py."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,8 @@ def test_the_cpu_install_never_imports_vllm_or_deepspeed(tmp_path):
     for name in ("vllm", "deepspeed"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(
-            f"open({str(tmp_path / 'imported')!r}, 'a').write('{name}\\n')\nraise ImportError('fake {name}')\n")
+            f"open({str(tmp_path / 'imported')!r}, 'a').write('{name}\\n')\nraise ImportError('fake {name}')\n"
+        )
     code = """
 import sys
 import flows.cli, flows.train, flows.evaluate, flows.align, flows.deployments
@@ -193,10 +195,10 @@ def test_response_end_is_the_first_stop_token_or_stop_string():
     from infra.generation import response_end
 
     toks = [ord(c) for c in "ab```cd"]
-    assert response_end(_Chars(), toks, set(), ("```",)) == 5         # through the token completing the stop string
-    assert response_end(_Chars(), toks, {ord("b")}, ("```",)) == 2    # the stop token comes first
+    assert response_end(_Chars(), toks, set(), ("```",)) == 5  # through the token completing the stop string
+    assert response_end(_Chars(), toks, {ord("b")}, ("```",)) == 2  # the stop token comes first
     assert response_end(_Chars(), toks, {ord("d")}, ("```",)) == 5
-    assert response_end(_Chars(), toks, set(), ("zz",)) is None       # neither: cut at the budget
+    assert response_end(_Chars(), toks, set(), ("zz",)) is None  # neither: cut at the budget
     assert response_end(_Chars(), toks, set(), ("zz", "\n\n")) is None
     assert response_end(_Chars(), toks, set(), ()) is None
 
@@ -209,8 +211,7 @@ def test_stop_strings_end_a_row_and_leave_its_batch_mates(policy):
         free = generate(m, policy.tokenizer, prompts, 12, greedy=True, batch_size=4, stop_ids=[-1])
         decode = policy.tokenizer.decode
         stop = decode(free[0].response_ids[:4])[-2:]  # a string that completes within the first 4 tokens
-        cut = generate(m, policy.tokenizer, prompts, 12, greedy=True, batch_size=4, stop_ids=[-1],
-                       stop_strings=(stop,))
+        cut = generate(m, policy.tokenizer, prompts, 12, greedy=True, batch_size=4, stop_ids=[-1], stop_strings=(stop,))
     k = next(k for k in range(1, 5) if stop in decode(free[0].response_ids[:k]))
     assert cut[0].response_ids == free[0].response_ids[:k] and not cut[0].truncated and cut[0].text.endswith(stop)
     assert cut[0].logprobs == pytest.approx(free[0].logprobs[:k])
@@ -230,14 +231,20 @@ def test_generation_logprobs_are_the_teacher_forced_ones(policy, greedy):
     torch.manual_seed(5)
     with policy.acting("b") as m:
         gens = generate(m, policy.tokenizer, prompts, 9, temperature=0.7, greedy=greedy, batch_size=2)
-        want = score_logprobs(m, prompts, [g.response_ids for g in gens], policy.tokenizer.pad_token_id,
-                              temperature=1.0 if greedy else 0.7)
+        want = score_logprobs(
+            m,
+            prompts,
+            [g.response_ids for g in gens],
+            policy.tokenizer.pad_token_id,
+            temperature=1.0 if greedy else 0.7,
+        )
     for g, w in zip(gens, want):
         assert len(g.response_ids) == len(g.logprobs) == 9 and g.logprobs == pytest.approx(w, abs=1e-4)
 
 
-@pytest.mark.parametrize("cap, rows", [(2048, [[1, 5, 9, 12], [7, 8]]),
-                                       (8, [[1, 5, 9, 12], [7, 8], [1, 5, 9, 12]])])  # 4 + 3 + 1 fills a row
+@pytest.mark.parametrize(
+    "cap, rows", [(2048, [[1, 5, 9, 12], [7, 8]]), (8, [[1, 5, 9, 12], [7, 8], [1, 5, 9, 12]])]
+)  # 4 + 3 + 1 fills a row
 def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(policy, monkeypatch, cap, rows):
     """response_logits runs each distinct prompt once, its responses packed after it (a row longer than
     PACK_TOKENS starts another); the log-probs and their gradient match scoring every (prompt, response)
@@ -259,8 +266,8 @@ def test_repeated_prompts_are_run_once_with_the_same_logprobs_and_gradient(polic
         grad_want = torch.autograd.grad(sum(w.sum() for w in want), params)
     assert calls == [rows]  # one forward, one row per prompt (up to the cap)
     for row, w in zip(got, want):
-        torch.testing.assert_close(row[:len(w)], w, atol=1e-5, rtol=0)
-        assert not row[len(w):].any()
+        torch.testing.assert_close(row[: len(w)], w, atol=1e-5, rtol=0)
+        assert not row[len(w) :].any()
     assert sum(b.norm() for b in grad_want) > 0
     with torch.no_grad(), policy.acting("a") as m:  # an empty response packs too, with no log-probs
         assert not gen.response_logprobs(m, [[1, 5], [1, 5]], [[3], []], pad)[1].any()
@@ -272,14 +279,14 @@ def test_rescore_replaces_engine_logprobs_with_the_trainers(policy):
     from infra.generation import score_logprobs
     from tasks.collect_rollouts import rescore
 
-    acts = [{"agent": "a", "episode_id": "e0", "prompt_ids": [1, 5, 9], "response_ids": [4, 6],
-             "logprobs": [0.0, 0.0]},
-            {"agent": "b", "episode_id": "e0", "prompt_ids": [1, 7], "response_ids": [3], "logprobs": [0.0]},
-            {"agent": "a", "episode_id": "e1", "prompt_ids": [1], "response_ids": [8, 8, 8], "logprobs": [0.0] * 3}]
+    acts = [
+        {"agent": "a", "episode_id": "e0", "prompt_ids": [1, 5, 9], "response_ids": [4, 6], "logprobs": [0.0, 0.0]},
+        {"agent": "b", "episode_id": "e0", "prompt_ids": [1, 7], "response_ids": [3], "logprobs": [0.0]},
+        {"agent": "a", "episode_id": "e1", "prompt_ids": [1], "response_ids": [8, 8, 8], "logprobs": [0.0] * 3},
+    ]
     gaps = rescore(policy, acts, batch_size=2, temperature=0.7)
     with policy.acting("a") as m:
-        want = score_logprobs(m, [[1, 5, 9], [1]], [[4, 6], [8, 8, 8]], policy.tokenizer.pad_token_id,
-                              temperature=0.7)
+        want = score_logprobs(m, [[1, 5, 9], [1]], [[4, 6], [8, 8, 8]], policy.tokenizer.pad_token_id, temperature=0.7)
     assert acts[0]["logprobs"] == want[0] and acts[2]["logprobs"] == want[1]
     assert gaps["e1"] == pytest.approx(sum(-x for x in want[1]) / 3)
     assert set(gaps) == {"e0", "e1"}

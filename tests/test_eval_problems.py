@@ -1,6 +1,7 @@
 """`teamrl eval RUN --problems FILE`: a run's team on a user's own problem file, per pipeline. The file is
 parsed by the pipeline (`load_problems`) and refused, with its file and line, before any model loads;
 a good file is played greedily in a new folder `eval-<run>-...`, the source run untouched."""
+
 import hashlib
 import json
 import re
@@ -21,12 +22,19 @@ from pipelines.dsbench import DSBench, DSBenchConfig, data
 from pipelines.mathchat import MathChat, MathChatConfig
 
 AGENTS = ["solver", "executor", "verifier"]
-MATH = [{"question": "What is 6 times 7?", "answer": 42}, {"question": "What is 10 minus 3?", "answer": "7"},
-        {"question": "What is 2 plus 2?", "answer": 4}]
-DOCS = [{"id": "d1", "title": "Quill Harbor", "text": "Quill Harbor was founded by Mira Dask in 1712."},
-        {"id": "d2", "title": "Mira Dask", "text": "Mira Dask was born in the city of Ostvale."}]
-QUESTIONS = [{"question": "Who founded Quill Harbor?", "answer": "Mira Dask"},
-             {"question": "In what year was Quill Harbor founded?", "answer": 1712}]
+MATH = [
+    {"question": "What is 6 times 7?", "answer": 42},
+    {"question": "What is 10 minus 3?", "answer": "7"},
+    {"question": "What is 2 plus 2?", "answer": 4},
+]
+DOCS = [
+    {"id": "d1", "title": "Quill Harbor", "text": "Quill Harbor was founded by Mira Dask in 1712."},
+    {"id": "d2", "title": "Mira Dask", "text": "Mira Dask was born in the city of Ostvale."},
+]
+QUESTIONS = [
+    {"question": "Who founded Quill Harbor?", "answer": "Mira Dask"},
+    {"question": "In what year was Quill Harbor founded?", "answer": 1712},
+]
 
 
 def jsonl(path: Path, rows: list) -> Path:
@@ -40,25 +48,34 @@ def csv_files(folder: Path) -> None:
     r = np.random.default_rng(0)
     x = r.normal(size=(40, 2))
     pd.DataFrame({"Size m2": x[:, 0], "rooms": x[:, 1], "price": 3 * x[:, 0] + r.normal(size=40)}).to_csv(
-        folder / "houses.csv", index=False)
+        folder / "houses.csv", index=False
+    )
     pd.DataFrame({"petal": x[:, 0], "sepal": x[:, 1], "kind": (x[:, 0] > 0).astype(int)}).to_csv(
-        folder / "flowers.csv", index=False)
+        folder / "flowers.csv", index=False
+    )
 
 
-TASKS = [{"csv": "houses.csv", "target": "price", "metric": "rmse", "threshold": 2.5},
-         {"csv": "flowers.csv", "target": "kind", "metric": "f1", "name": "flowers"}]
+TASKS = [
+    {"csv": "houses.csv", "target": "price", "metric": "rmse", "threshold": 2.5},
+    {"csv": "flowers.csv", "target": "kind", "metric": "f1", "name": "flowers"},
+]
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 # --- parsing, per pipeline (no model) ----------------------------------------------------------------------------
 
+
 def test_mathchat_reads_integer_answers(tmp_path):
-    got = MathChat(MathChatConfig(), 0).load_problems(str(jsonl(tmp_path / "p.jsonl", MATH + [
-        {"question": "Big?", "answer": " 1,234 "}])))
+    got = MathChat(MathChatConfig(), 0).load_problems(
+        str(jsonl(tmp_path / "p.jsonl", MATH + [{"question": "Big?", "answer": " 1,234 "}]))
+    )
     want = [(m["question"], str(m["answer"])) for m in MATH] + [("Big?", "1234")]
     assert [(p.question, p.answer) for p in got] == want
 
@@ -67,8 +84,10 @@ def test_deepresearch_questions_over_the_run_corpus_or_given_documents(tmp_path)
     pipe = DeepResearch(DeepResearchConfig(), 0)
     q = jsonl(tmp_path / "q.jsonl", QUESTIONS)
     plain = pipe.load_problems(str(q))
-    assert [(p.question, p.answer, p.docs) for p in plain] == [("Who founded Quill Harbor?", "Mira Dask", ""),
-                                                              ("In what year was Quill Harbor founded?", "1712", "")]
+    assert [(p.question, p.answer, p.docs) for p in plain] == [
+        ("Who founded Quill Harbor?", "Mira Dask", ""),
+        ("In what year was Quill Harbor founded?", "1712", ""),
+    ]
     over = pipe.load_problems(str(q), str(jsonl(tmp_path / "d.jsonl", DOCS)))
     assert all(isinstance(p, ResearchProblem) and p.docs == str(tmp_path / "d.jsonl") for p in over)
     assert [d.title for d in pipe._search_index(over[0]).search("Quill Harbor founded", 2)] == ["Quill Harbor"]
@@ -80,8 +99,11 @@ def test_dsbench_tasks_name_a_csv_target_and_metric(tmp_path):
     tasks = [TASKS[0], TASKS[1] | {"csv": str(tmp_path / "flowers.csv")}]  # relative to the task file, or absolute
     reg, cls = DSBench(DSBenchConfig(), 0).load_problems(str(jsonl(tmp_path / "t.jsonl", tasks)))
     assert (reg.kind, reg.metric, reg.threshold, reg.answer) == ("regression", "rmse", 2.5, "RMSE at most 2.5")
-    assert (cls.kind, cls.dataset, cls.answer) == ("classification", "flowers",
-                                                   "macro F1 above the majority-class baseline")
+    assert (cls.kind, cls.dataset, cls.answer) == (
+        "classification",
+        "flowers",
+        "macro F1 above the majority-class baseline",
+    )
     assert "Dataset `houses` (regression). train.csv has 30 rows, 2 feature columns" in reg.question
     train, test, truth = data.split(reg)
     assert list(train.columns) == ["size_m2", "rooms", "target"] and list(test.columns) == ["id", "size_m2", "rooms"]
@@ -98,6 +120,7 @@ def test_dsbench_tasks_name_a_csv_target_and_metric(tmp_path):
 
 
 # --- bad input: `error: ...`, exit 2, nothing written -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def untrained(tmp_path_factory):
@@ -148,12 +171,15 @@ def test_bad_problem_files_are_refused_with_file_and_line(untrained, tmp_path, r
     assert sorted(p.name for p in untrained.iterdir()) == before  # no eval folder made
 
 
-@pytest.mark.parametrize("rid, docs, message", [
-    ("math", True, "the mathchat pipeline takes no documents file (--docs)"),
-    ("ds", True, "the dsbench pipeline takes no documents file (--docs)"),
-    ("dr", [DOCS[0], {"id": "d2", "title": "no text"}], "d.jsonl:2: missing key(s) text"),
-    ("dr", None, "d.jsonl: no such file"),
-])
+@pytest.mark.parametrize(
+    "rid, docs, message",
+    [
+        ("math", True, "the mathchat pipeline takes no documents file (--docs)"),
+        ("ds", True, "the dsbench pipeline takes no documents file (--docs)"),
+        ("dr", [DOCS[0], {"id": "d2", "title": "no text"}], "d.jsonl:2: missing key(s) text"),
+        ("dr", None, "d.jsonl: no such file"),
+    ],
+)
 def test_documents_files_are_checked(untrained, tmp_path, rid, docs, message):
     problems = jsonl(tmp_path / "p.jsonl", {"math": MATH, "dr": QUESTIONS, "ds": TASKS}[rid])
     csv_files(tmp_path)
@@ -173,14 +199,14 @@ def test_option_errors(untrained, tmp_path):
 
 # --- the team plays the file ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def mathchat_run(prefect_harness, tmp_path_factory):
     """The tiny preset trained one iteration, without held-out evaluation."""
     from flows.train import train
 
     root = tmp_path_factory.mktemp("runs")
-    run_dir = train(config=load_config("tiny", [f"run.dir={root}", "run.id=mine", "iterations=1",
-                                                 "evaluate=false"]))
+    run_dir = train(config=load_config("tiny", [f"run.dir={root}", "run.id=mine", "iterations=1", "evaluate=false"]))
     return root, Path(run_dir)
 
 
@@ -199,8 +225,11 @@ def test_mathchat_team_plays_your_problems_in_a_new_folder(mathchat_run, tmp_pat
     folder = only_new(root, before)
     assert folder.name.startswith("eval-mine-") and tree_digest(source) == digest  # the source run untouched
     cfg = runs.read_run_config(folder)
-    assert cfg["problems"] == {"file": str(problems), "docs": None,
-                               "sha256": {"file": hashlib.sha256(problems.read_bytes()).hexdigest()}}
+    assert cfg["problems"] == {
+        "file": str(problems),
+        "docs": None,
+        "sha256": {"file": hashlib.sha256(problems.read_bytes()).hexdigest()},
+    }
     versions = store.agent_versions(source, AGENTS, 1)
     assert cfg["source"] == {"run": str(source), "iteration": 1, "versions": versions} and 1 in versions.values()
     for agent, v in versions.items():  # the team after iteration 1, as version 0
@@ -233,8 +262,14 @@ def test_mathchat_team_plays_your_problems_in_a_new_folder(mathchat_run, tmp_pat
 @pytest.mark.slow
 def test_deepresearch_team_searches_your_documents(prefect_harness, untrained, tmp_path):
     before = {p.name for p in untrained.iterdir()}
-    res = eval_cli(untrained, "dr", "--problems", str(jsonl(tmp_path / "q.jsonl", QUESTIONS)),
-                   "--docs", str(jsonl(tmp_path / "d.jsonl", DOCS)))
+    res = eval_cli(
+        untrained,
+        "dr",
+        "--problems",
+        str(jsonl(tmp_path / "q.jsonl", QUESTIONS)),
+        "--docs",
+        str(jsonl(tmp_path / "d.jsonl", DOCS)),
+    )
     assert res.exit_code == 0, res.output
     folder = only_new(untrained, before)
     eps = store.read_table(folder, "episodes", 0, "eval").sort_values("episode_id")

@@ -1,18 +1,22 @@
 """Evaluation statistics against hand-computed values."""
+
 import numpy as np
 import pytest
 
 from tasks.evaluation import bootstrap_ci, pass_at_k
 
 
-@pytest.mark.parametrize("n,c,k,expected", [
-    (4, 0, 1, 0.0),
-    (4, 4, 2, 1.0),
-    (4, 1, 1, 0.25),            # 1 - C(3,1)/C(4,1) = 1 - 3/4
-    (4, 1, 2, 0.5),             # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (5, 2, 3, 0.9),             # 1 - C(3,3)/C(5,3) = 1 - 1/10
-    (4, 3, 2, 1.0),             # n - c = 1 < k: every pair holds a correct sample
-])
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [
+        (4, 0, 1, 0.0),
+        (4, 4, 2, 1.0),
+        (4, 1, 1, 0.25),  # 1 - C(3,1)/C(4,1) = 1 - 3/4
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (5, 2, 3, 0.9),  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+        (4, 3, 2, 1.0),  # n - c = 1 < k: every pair holds a correct sample
+    ],
+)
 def test_pass_at_k(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 

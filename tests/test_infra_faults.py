@@ -1,6 +1,7 @@
 """Infrastructure faults are not agent faults (infra/retry.py): a sandbox that will not start, a tool
 backend or a scorer that raises are retried, then recorded; the episode they hit gets no score and no
 gradient, the agents are never told their code failed, and too many of them stop the run."""
+
 import errno
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def _fail_marked_programs(monkeypatch):
     from infra import sandbox
 
     count, attempts = iter(range(10**6)), {}
-    monkeypatch.setattr(mc, "extract_code", lambda text: (lambda n: f"print({n})" + ("  # FAIL" if n % 2 else ""))(
-        next(count)))
+    monkeypatch.setattr(
+        mc, "extract_code", lambda text: (lambda n: f"print({n})" + ("  # FAIL" if n % 2 else ""))(next(count))
+    )
     real = sandbox.subprocess.Popen
 
     def popen(argv, *a, **kw):
@@ -86,8 +88,16 @@ def test_sandbox_and_scorer_faults_leave_their_episodes_unscored(prefect_harness
         return real_rubric(self, e, ground_truth)
 
     monkeypatch.setattr(MathChat, "rubric", rubric)
-    run = train(config=tiny_config(tmp_path, "run.id=faults", "iterations=1", "evaluate=false",
-                                   "rollout.max_infra_share=0.9", "pipeline.sandbox.retry_backoff_s=0"))
+    run = train(
+        config=tiny_config(
+            tmp_path,
+            "run.id=faults",
+            "iterations=1",
+            "evaluate=false",
+            "rollout.max_infra_share=0.9",
+            "pipeline.sandbox.retry_backoff_s=0",
+        )
+    )
     acts = store.load_actions(run, 1, "rollout").set_index(["episode_id", "turn"])
     eps = store.read_table(run, "episodes", 1, "rollout").set_index("episode_id")
     ex = acts.xs(1, level="turn")
@@ -128,8 +138,11 @@ def test_too_many_infra_faults_stop_the_run_and_keep_nothing(prefect_harness, tm
 
     _fail_marked_programs(monkeypatch)
     with pytest.raises(InfraFaultsExceeded, match=r"more than rollout.max_infra_share=0.1 \(first: sandbox: spawn"):
-        train(config=tiny_config(tmp_path, "run.id=stop", "iterations=1", "evaluate=false",
-                                 "pipeline.sandbox.retry_backoff_s=0"))
+        train(
+            config=tiny_config(
+                tmp_path, "run.id=stop", "iterations=1", "evaluate=false", "pipeline.sandbox.retry_backoff_s=0"
+            )
+        )
     assert not (tmp_path / "stop" / "actions").exists() and not (tmp_path / "stop" / "episodes").exists()
 
 
@@ -153,8 +166,9 @@ def test_a_dsbench_scorer_that_raises_leaves_the_episode_unscored(monkeypatch):
     from pipelines.dsbench import DSBench, DSBenchConfig, data
     from tests.test_dsbench import GOOD, ScriptedTeam
 
-    pipe = DSBench(DSBenchConfig(datasets=["iris"], train_size=2, eval_size=1, examples=False, scaffold="none",
-                                 stop=[]), seed=0)
+    pipe = DSBench(
+        DSBenchConfig(datasets=["iris"], train_size=2, eval_size=1, examples=False, scaffold="none", stop=[]), seed=0
+    )
     monkeypatch.setattr(data, "score_submission", lambda *a: (_ for _ in ()).throw(MemoryError("scorer OOM")))
     probs = pipe.problems("train")[:1]
     (ep,) = pipe.run_episodes(probs, ["e0"], ["g0"], ScriptedTeam(GOOD))
@@ -167,14 +181,30 @@ def test_success_counts_only_the_episodes_no_infra_fault_hit(tmp_path):
     from tests.test_store import ROWS
 
     def episode(eid, success, fault):
-        return dict(ROWS["episodes"], episode_id=eid, success=success, infra_error=fault, iteration=1, phase="eval",
-                    metrics={"greedy": 1.0})
+        return dict(
+            ROWS["episodes"],
+            episode_id=eid,
+            success=success,
+            infra_error=fault,
+            iteration=1,
+            phase="eval",
+            metrics={"greedy": 1.0},
+        )
 
-    eps = [episode("e0", True, None), episode("e1", False, "sandbox: spawn failed"), episode("e2", False, None),
-           episode("e3", False, "tool: search failed")]
+    eps = [
+        episode("e0", True, None),
+        episode("e1", False, "sandbox: spawn failed"),
+        episode("e2", False, None),
+        episode("e3", False, "tool: search failed"),
+    ]
     store.write_partition(tmp_path, "episodes", 1, "eval", eps)
-    store.write_partition(tmp_path, "actions", 1, "eval",
-                          [dict(ROWS["actions"], episode_id=e["episode_id"], iteration=1, phase="eval") for e in eps])
+    store.write_partition(
+        tmp_path,
+        "actions",
+        1,
+        "eval",
+        [dict(ROWS["actions"], episode_id=e["episode_id"], iteration=1, phase="eval") for e in eps],
+    )
     m = partition_metrics(tmp_path, 1, "eval")
     assert m["success_rate"] == 0.5  # e0 and e2; e1 and e3 measured the host
     assert (m["infra_error/sandbox"], m["infra_error/tool"], m["infra_error/scorer"]) == (1, 1, 0)

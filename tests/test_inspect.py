@@ -1,4 +1,5 @@
 """Inspection of a real tiny run: the flat action table, JSONL / CSV export, transcripts, and the CLI."""
+
 import json
 import shutil
 from pathlib import Path
@@ -36,8 +37,20 @@ def test_episode_table_is_one_row_per_action_with_episode_and_coach(trained_run)
     df = episode_table(run_dir)
     assert len(df) == len(actions)
     assert not df.duplicated(KEYS).any()
-    for col in KEYS + EPISODE_FIELDS + ["response_text", "tool_input", "tool_output", "score", "rationale",
-                                        "response_tokens", "metrics.greedy", "policy_versions.solver"]:
+    for col in (
+        KEYS
+        + EPISODE_FIELDS
+        + [
+            "response_text",
+            "tool_input",
+            "tool_output",
+            "score",
+            "rationale",
+            "response_tokens",
+            "metrics.greedy",
+            "policy_versions.solver",
+        ]
+    ):
         assert col in df.columns, col
     assert not set(TOKEN_COLUMNS) & set(df.columns)
     assert df["question"].notna().all() and (df["question"] != "").all()
@@ -70,14 +83,19 @@ def test_export_jsonl_round_trip(trained_run, tmp_path):
     assert len(back) == n_actions
     assert {"episode_id", "turn", "agent", "question", "score", "rationale", "success"} <= set(back.columns)
     table = episode_table(run_dir)
-    assert sorted(zip(back["iteration"], back["phase"], back["episode_id"], back["turn"])) == \
-        sorted(zip(table["iteration"], table["phase"], table["episode_id"], table["turn"]))
+    assert sorted(zip(back["iteration"], back["phase"], back["episode_id"], back["turn"])) == sorted(
+        zip(table["iteration"], table["phase"], table["episode_id"], table["turn"])
+    )
 
     path, _ = export(run_dir, "jsonl", tmp_path / "tokens.jsonl", tokens=True)
     first = json.loads(path.read_text().splitlines()[0])
     actions = store.load_actions(run_dir)
-    row = actions[(actions["iteration"] == first["iteration"]) & (actions["phase"] == first["phase"])
-                  & (actions["episode_id"] == first["episode_id"]) & (actions["turn"] == first["turn"])].iloc[0]
+    row = actions[
+        (actions["iteration"] == first["iteration"])
+        & (actions["phase"] == first["phase"])
+        & (actions["episode_id"] == first["episode_id"])
+        & (actions["turn"] == first["turn"])
+    ].iloc[0]
     assert first["response_ids"] == list(row["response_ids"])
     assert len(first["logprobs"]) == len(first["response_ids"])
 
@@ -131,7 +149,7 @@ def test_transcript_shows_question_turns_coach_and_result(trained_run):
         heading = f"## Turn {a.turn}: {a.agent} "
         assert heading in text
         positions.append(text.index(heading))
-        section = text[positions[-1]:]
+        section = text[positions[-1] :]
         verdict = f"{float(a.score):g} (rubric)" if a.status == "ok" else "- (rubric), status skipped"  # unscored
         assert f"coach score {verdict}: {a.rationale.strip()}" in section
         if a.response_text.strip():
@@ -183,8 +201,9 @@ def test_cli_export_and_show(run_copy):
 
     res = runner.invoke(app, ["runs", "export", run_id, "--format", "jsonl", "--dir", runs_dir])
     assert res.exit_code == 2 and "already exists" in res.output
-    res = runner.invoke(app, ["runs", "export", run_id, "--format", "jsonl", "--dir", runs_dir, "--tokens",
-                              "--overwrite"])
+    res = runner.invoke(
+        app, ["runs", "export", run_id, "--format", "jsonl", "--dir", runs_dir, "--tokens", "--overwrite"]
+    )
     assert res.exit_code == 0, res.output
     assert "response_ids" in json.loads(default.read_text().splitlines()[0])
 

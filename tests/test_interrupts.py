@@ -2,6 +2,7 @@
 the flow run is recorded Crashed, the MLflow run KILLED, nothing half-written is left and one line says how
 to resume; a second Ctrl-C quits at once. And a flow run left Running by a SIGKILLed process is marked
 Crashed when the run is resumed."""
+
 import os
 import re
 import signal
@@ -20,16 +21,27 @@ pytestmark = pytest.mark.slow
 STOP_S = 20  # "within a few seconds", generous for a loaded machine
 # A terminal's foreground job gets Ctrl-C; a shell's background job (`cmd &`, as a CI runner may start the
 # suite) inherits SIGINT ignored, which Python and teamrl then respect. The children here are foreground jobs.
-FOREGROUND = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-              "os.execv(sys.argv[1], sys.argv[1:])"]
+FOREGROUND = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+]
 
 
 def _env(tmp_path: Path, **extra) -> dict:
     """The CLI's environment: its own Prefect home, so it starts its own temporary server (whose start may
     be slow on a loaded machine)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TEAMRL_FAULT", "PREFECT_API_URL")}
-    return env | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0", "PREFECT_HOME": str(tmp_path / "prefect"),
-                  "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"} | extra
+    return (
+        env
+        | {
+            "HF_HUB_OFFLINE": "1",
+            "TEAMRL_PROGRESS": "0",
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        }
+        | extra
+    )
 
 
 def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: float = 0.0):
@@ -38,9 +50,26 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
     apart; returns (exit status, seconds from the last signal to the exit, output)."""
     log = tmp_path / "interrupted.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([*FOREGROUND, sys.executable, "-m", "flows.cli", "train", "tiny", "--set",
-                                 f"run.dir={tmp_path}", "--set", "run.id=i", *args], env=_env(tmp_path), start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(
+            [
+                *FOREGROUND,
+                sys.executable,
+                "-m",
+                "flows.cli",
+                "train",
+                "tiny",
+                "--set",
+                f"run.dir={tmp_path}",
+                "--set",
+                "run.id=i",
+                *args,
+            ],
+            env=_env(tmp_path),
+            start_new_session=True,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             deadline = time.monotonic() + 600
             while not list((tmp_path / "i").rglob("part-*.parquet")):
@@ -104,8 +133,10 @@ def test_ctrl_c_stops_within_seconds_and_resume_finishes(trained_run, tmp_path):
     rc, took, out = _start_and_interrupt(tmp_path, ["--set", "seed=1"], signals=1)
     assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the Ctrl-C):\n{out[-3000:]}"
     assert took < STOP_S, out[-3000:]
-    assert (f"error: interrupted. Finished stages are kept: finish the run with `teamrl train tiny --set "
-            f"run.dir={tmp_path} --resume i`") in out.splitlines(), out[-3000:]
+    assert (
+        f"error: interrupted. Finished stages are kept: finish the run with `teamrl train tiny --set "
+        f"run.dir={tmp_path} --resume i`"
+    ) in out.splitlines(), out[-3000:]
     run_dir = tmp_path / "i"
     assert not list(run_dir.rglob(".tmp-*")), "half-written files were left behind"
     assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
@@ -145,8 +176,18 @@ def test_resume_marks_the_flow_run_of_a_killed_process_crashed(prefect_harness, 
     from prefect.settings import PREFECT_API_URL
 
     api = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # the harness's server, which outlives the kill
-    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=k", "--set", "iterations=1",
-            "--set", "evaluate=false"]
+    args = [
+        "train",
+        "tiny",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "run.id=k",
+        "--set",
+        "iterations=1",
+        "--set",
+        "evaluate=false",
+    ]
     rc, out = _teamrl(args, tmp_path / "killed.log", api | {"TEAMRL_FAULT": "collect_rollouts:1"})
     assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
     killed = yaml.safe_load((tmp_path / "k" / "config.yaml").read_text())["flow_run_id"]
@@ -154,25 +195,30 @@ def test_resume_marks_the_flow_run_of_a_killed_process_crashed(prefect_harness, 
     def states():  # the killed flow run's, its sub-flow runs' and all their task runs' state types
         with get_client(sync_client=True) as client:
             flows = [client.read_flow_run(killed)]
-            flows += client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flows[0].id])))
-            tasks = client.read_task_runs(task_run_filter=TaskRunFilter(
-                flow_run_id=TaskRunFilterFlowRunId(any_=[f.id for f in flows])))
+            flows += client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flows[0].id]))
+            )
+            tasks = client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[f.id for f in flows]))
+            )
         return {f.name: f.state_type.value for f in flows}, {t.state_type.value for t in tasks}
 
     flows, tasks = states()
     assert flows == {"train-mathchat-k": "RUNNING", "iteration-1": "RUNNING"} and "RUNNING" in tasks
 
-    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "k"], tmp_path / "resumed.log",
-                      api)
+    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "k"], tmp_path / "resumed.log", api)
     assert rc == 0, out[-3000:]
     flows, tasks = states()
     assert flows == {"train-mathchat-k": "CRASHED", "iteration-1": "CRASHED"}
     assert not {"RUNNING", "PENDING"} & tasks, tasks
     assert (tmp_path / "k" / "flow_runs").read_text().split()[0] == killed
 
-    rc, out = _teamrl(["flow-run", "retry", killed, "--entrypoint", "flows/train.py:train"], tmp_path / "retry.log",
-                      api, cli=[str(Path(sys.executable).with_name("prefect"))])
+    rc, out = _teamrl(
+        ["flow-run", "retry", killed, "--entrypoint", "flows/train.py:train"],
+        tmp_path / "retry.log",
+        api,
+        cli=[str(Path(sys.executable).with_name("prefect"))],
+    )
     assert rc == 0 and "completed successfully" in out, out[-3000:]
 
 
@@ -189,7 +235,7 @@ def test_a_ctrl_c_that_surfaces_as_another_error_is_still_a_ctrl_c():
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
-            raise ValueError("Task run is not set")
+            raise ValueError("Task run is not set")  # noqa: B904 (the implicit context is the point)
 
     assert by_ctrl_c(raised(crash_while_handling_a_ctrl_c))
     assert by_ctrl_c(KeyboardInterrupt())
@@ -223,8 +269,9 @@ except KeyboardInterrupt:
 def test_a_ctrl_c_lost_in_a_callback_is_raised_again():
     """SQLAlchemy's weakref callbacks are where a Ctrl-C in the train flow was seen to get lost."""
     t0 = time.monotonic()
-    proc = subprocess.run([*FOREGROUND, sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    proc = subprocess.run(
+        [*FOREGROUND, sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert proc.stdout.strip() == "interrupted" and time.monotonic() - t0 < STOP_S, proc.stdout + proc.stderr
     assert proc.returncode == -signal.SIGINT, proc.stderr
 
@@ -245,8 +292,13 @@ except KeyboardInterrupt:
 
 def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
     """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
-    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-c", IN_C_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [*FOREGROUND, sys.executable, "-c", IN_C_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
         time.sleep(0.5)
@@ -285,8 +337,14 @@ def test_one_ctrl_c_to_a_group_with_a_forked_child_is_one_press():
     """The sandbox's interpreter probe forks (it changes the user); a Ctrl-C to the process group while it
     has not exec'd yet reached both processes' handlers, the counting thread read two SIGINTs and the
     process quit at once, without its clean stop."""
-    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-c", FORKED_CHILD], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        [*FOREGROUND, sys.executable, "-c", FORKED_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
         time.sleep(0.5)
@@ -309,9 +367,25 @@ def test_ctrl_c_stops_an_evaluation_too(trained_run, tmp_path):
     shutil.copytree(ref_dir, tmp_path / "spine")
     log = tmp_path / "eval.log"
     with open(log, "w") as fh:  # iteration 1 was never evaluated: the whole held-out split is played
-        proc = subprocess.Popen([*FOREGROUND, sys.executable, "-m", "flows.cli", "eval", "spine", "--iteration", "1",
-                                 "--dir", str(tmp_path)], env=_env(tmp_path), start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(
+            [
+                *FOREGROUND,
+                sys.executable,
+                "-m",
+                "flows.cli",
+                "eval",
+                "spine",
+                "--iteration",
+                "1",
+                "--dir",
+                str(tmp_path),
+            ],
+            env=_env(tmp_path),
+            start_new_session=True,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             deadline = time.monotonic() + 300
             while "Beginning flow run" not in log.read_text():

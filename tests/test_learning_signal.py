@@ -3,6 +3,7 @@
 Toy reward: the fraction of response tokens that belong to S, the 50 tokens the untrained model
 samples most often for these prompts. The untrained model hits S rarely; learning must raise it.
 """
+
 from collections import Counter
 from functools import partial
 
@@ -35,13 +36,27 @@ def test_reinforce_pp_raises_mean_reward():
             refs = score_logprobs(m, [g.prompt_ids for g in gens], [g.response_ids for g in gens], tok.pad_token_id)
         rewards = [float(np.mean([t in target for t in g.response_ids])) for g in gens]
         mean_rewards.append(np.mean(rewards))
-        samples = [Sample(str(i), str(i % 8), "a", 0, np.array(g.logprobs), np.array(r), s)
-                   for i, (g, r, s) in enumerate(zip(gens, refs, rewards))]
+        samples = [
+            Sample(str(i), str(i % 8), "a", 0, np.array(g.logprobs), np.array(r), s)
+            for i, (g, r, s) in enumerate(zip(gens, refs, rewards))
+        ]
         advs = estimate("reinforce_pp", samples, beta=0.01)
-        items = [TrainItem(g.prompt_ids, g.response_ids, g.logprobs, a.tolist(), [1] * len(g.response_ids))
-                 for g, a in zip(gens, advs)]
-        res, _ = train_agent(policy, "a", items, partial(ppo_clip_loss, clip_eps=0.2), lr=3e-3, weight_decay=0.0,
-                             epochs=1, minibatch_size=16, max_grad_norm=1.0, seed=step)
+        items = [
+            TrainItem(g.prompt_ids, g.response_ids, g.logprobs, a.tolist(), [1] * len(g.response_ids))
+            for g, a in zip(gens, advs)
+        ]
+        res, _ = train_agent(
+            policy,
+            "a",
+            items,
+            partial(ppo_clip_loss, clip_eps=0.2),
+            lr=3e-3,
+            weight_decay=0.0,
+            epochs=1,
+            minibatch_size=16,
+            max_grad_norm=1.0,
+            seed=step,
+        )
         assert not res.skipped
     early, late = np.mean(mean_rewards[:3]), np.median(mean_rewards[-5:])
     assert late > early + 0.05, f"reward did not rise: {np.round(mean_rewards, 3)}"

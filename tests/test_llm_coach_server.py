@@ -1,5 +1,6 @@
 """The `llm` coach against a real OpenAI-compatible server: `transformers serve` on 127.0.0.1 serving
 the converted SmolLM2-135M-Instruct folder. No mock stands in for it."""
+
 import pytest
 
 from infra.local_llm import free_port, transformers_serve
@@ -38,8 +39,10 @@ def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
     roles = {a.name: a.role for a in pipe.agents}
     reqs = []
     for ep in load_partition_episodes(str(run_dir), 1, "rollout")[:n]:
-        reqs += [CoachRequest(ep.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], fb)
-                 for a, fb in zip(ep.actions, pipe.feedback(ep, True))]
+        reqs += [
+            CoachRequest(ep.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], fb)
+            for a, fb in zip(ep.actions, pipe.feedback(ep, True))
+        ]
     return reqs
 
 

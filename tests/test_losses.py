@@ -1,4 +1,5 @@
 """PPO clipped surrogate and masked mean (tasks/losses.py) against hand-computed values."""
+
 import math
 
 import pytest
@@ -16,15 +17,18 @@ def test_masked_mean():
 # One token, old_logp = 0 and logp = log(ratio); eps = 0.2, so clip(ratio) is in [0.8, 1.2].
 # objective = min(ratio*A, clip(ratio)*A); loss = -objective;
 # d loss / d logp = -ratio*A when the unclipped term is the min, else 0 (clipped: no gradient).
-@pytest.mark.parametrize("ratio, adv, loss, grad", [
-    (1.1, +1.0, -1.1, -1.1),   # inside the range: min(1.1, 1.1)
-    (0.9, -1.0, +0.9, +0.9),   # inside the range: min(-0.9, -0.9)
-    (1.5, +1.0, -1.2, 0.0),    # above, A > 0: min(1.5, 1.2) = 1.2, clipped
-    (0.5, +1.0, -0.5, -0.5),   # below, A > 0: min(0.5, 0.8) = 0.5, unclipped (pessimistic bound)
-    (1.5, -1.0, +1.5, +1.5),   # above, A < 0: min(-1.5, -1.2) = -1.5, unclipped
-    (0.5, -1.0, +0.8, 0.0),    # below, A < 0: min(-0.5, -0.8) = -0.8, clipped
-    (1.5, +2.0, -2.4, 0.0),    # scales with A: min(3.0, 2.4)
-])
+@pytest.mark.parametrize(
+    "ratio, adv, loss, grad",
+    [
+        (1.1, +1.0, -1.1, -1.1),  # inside the range: min(1.1, 1.1)
+        (0.9, -1.0, +0.9, +0.9),  # inside the range: min(-0.9, -0.9)
+        (1.5, +1.0, -1.2, 0.0),  # above, A > 0: min(1.5, 1.2) = 1.2, clipped
+        (0.5, +1.0, -0.5, -0.5),  # below, A > 0: min(0.5, 0.8) = 0.5, unclipped (pessimistic bound)
+        (1.5, -1.0, +1.5, +1.5),  # above, A < 0: min(-1.5, -1.2) = -1.5, unclipped
+        (0.5, -1.0, +0.8, 0.0),  # below, A < 0: min(-0.5, -0.8) = -0.8, clipped
+        (1.5, +2.0, -2.4, 0.0),  # scales with A: min(3.0, 2.4)
+    ],
+)
 def test_ppo_clip_single_token(ratio, adv, loss, grad):
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
     out, _ = ppo_clip_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), clip_eps=0.2)
@@ -48,9 +52,9 @@ def test_masked_tokens_ignored_in_loss_stats_and_gradient():
     old, adv, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, -5.0]]), torch.tensor([[1.0, 1.0, 0.0]])
     loss, stats = ppo_clip_loss(logp, old, adv, mask, clip_eps=0.2)
     loss.backward()
-    assert loss.item() == pytest.approx(-(1.1 + 1.2) / 2)            # -(min(1.1,1.1) + min(1.5,1.2)) / 2
+    assert loss.item() == pytest.approx(-(1.1 + 1.2) / 2)  # -(min(1.1,1.1) + min(1.5,1.2)) / 2
     assert logp.grad[0, 2].item() == 0.0
-    assert logp.grad[0, 0].item() == pytest.approx(-1.1 / 2)         # unclipped token: -ratio*A / 2
-    assert stats["clip_frac"] == pytest.approx(0.5)                  # only the 1.5 token is outside [0.8, 1.2]
-    assert stats["surrogate"] == pytest.approx((1.1 + 1.5) / 2)      # unclipped ratio*A mean
+    assert logp.grad[0, 0].item() == pytest.approx(-1.1 / 2)  # unclipped token: -ratio*A / 2
+    assert stats["clip_frac"] == pytest.approx(0.5)  # only the 1.5 token is outside [0.8, 1.2]
+    assert stats["surrogate"] == pytest.approx((1.1 + 1.5) / 2)  # unclipped ratio*A mean
     assert stats["kl_old"] == pytest.approx(-(math.log(1.1) + math.log(1.5)) / 2, rel=1e-6)  # mean(old - logp)

@@ -1,5 +1,6 @@
 """MARS: turn parsing, chat continuation, decoupled-gradient joins, trajectory GRPO, balanced System-1
 sampling, and the deepresearch pipeline through the real train flow (tiny model)."""
+
 import numpy as np
 import pytest
 
@@ -11,8 +12,11 @@ from tasks.decoupled import Turn, join_turns
 
 
 def test_parse_turn():
-    assert parse_turn("SEARCH: Ilsa Quarn company PURPOSE: who she founded\nmore") == \
-        ("search", "Ilsa Quarn company", "who she founded")
+    assert parse_turn("SEARCH: Ilsa Quarn company PURPOSE: who she founded\nmore") == (
+        "search",
+        "Ilsa Quarn company",
+        "who she founded",
+    )
     assert parse_turn("I think ANSWER: Dravenport.") == ("answer", "Dravenport.", "")
     assert parse_turn("python: print(3*4) purpose: area") == ("python", "print(3*4)", "area")
     assert parse_turn("SEARCH: only keywords") == ("search", "only keywords", "")
@@ -42,9 +46,14 @@ def test_continue_chat_keeps_contexts_prefixes_of_each_other():
     reply = tok("SEARCH: x PURPOSE: y<|im_end|>", add_special_tokens=False)["input_ids"]
     assert reply[-1] == tok.eos_token_id
     ctx = p0 + reply + continue_chat(tok, reply, "Findings: z")
-    whole = encode_chat(tok, [{"role": "user", "content": "Question: where?"},
-                              {"role": "assistant", "content": "SEARCH: x PURPOSE: y"},
-                              {"role": "user", "content": "Findings: z"}])
+    whole = encode_chat(
+        tok,
+        [
+            {"role": "user", "content": "Question: where?"},
+            {"role": "assistant", "content": "SEARCH: x PURPOSE: y"},
+            {"role": "user", "content": "Findings: z"},
+        ],
+    )
     assert tok.decode(ctx) == tok.decode(whole)  # the same chat as rendering it whole
     cut = reply[:-1]  # a reply cut off by max_new_tokens gets its end-of-turn token added
     assert tok.decode(p0 + cut + continue_chat(tok, cut, "Findings: z")) == tok.decode(whole)
@@ -68,8 +77,13 @@ def test_grpo_trajectory_counts_each_trajectory_once():
     def s(ep, agent, r, n=2):
         return Sample(ep, "g", agent, 0, np.zeros(n), np.zeros(n), r)
 
-    samples = [s("a", "system2", 1.0), s("a", "system1", 1.0), s("a", "system1", 1.0), s("a", "system1", 1.0),
-               s("b", "system2", 0.0)]
+    samples = [
+        s("a", "system2", 1.0),
+        s("a", "system1", 1.0),
+        s("a", "system1", 1.0),
+        s("a", "system1", 1.0),
+        s("b", "system2", 0.0),
+    ]
     adv = estimate("grpo_trajectory", samples, eps=0.0)
     assert [a[0] for a in adv] == [1.0, 1.0, 1.0, 1.0, -1.0]
     assert all(len(a) == 2 for a in adv)
@@ -120,8 +134,13 @@ def test_deepresearch_flow_trains_both_systems(mars_run):
     assert set(up.index) == {"shared"}  # one model plays both systems (tests/test_mars_shared.py)
     assert (up["tokens"] > 0).all() and (up["strategy"] == "joint").all()
     pm = partition_metrics(run_dir, 1, "rollout")
-    assert {"episode/f1", "episode/tool_calls", "system1/compression", "system1/bins_over_lower_bound",
-            "episode/s2_context_tokens"} <= set(pm)
+    assert {
+        "episode/f1",
+        "episode/tool_calls",
+        "system1/compression",
+        "system1/bins_over_lower_bound",
+        "episode/s2_context_tokens",
+    } <= set(pm)
 
 
 @pytest.mark.slow
@@ -149,15 +168,25 @@ def test_rubric_blames_the_system_that_failed():
     def act(agent, tool_name, out=None, text=""):
         return {"agent": agent, "tool_name": tool_name, "tool_output": out, "response_text": text}
 
-    ep = Episode(Problem("t", "Who founded Marlo Works?", "Ada Vell"), "e", "g", actions=[
-        act("system2", "search", out="# Marlo Works\nMarlo Works was founded by Ada Vell."),
-        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.",
-            text="Founded by Ada Vell."),
-        act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="A bridge."),
-        act("system1", "extract", out="# Other\nNothing here.", text="NONE"),
-        act("system2", "answer"),
-        act("system2", None),
-    ], final_answer="Ada")
+    ep = Episode(
+        Problem("t", "Who founded Marlo Works?", "Ada Vell"),
+        "e",
+        "g",
+        actions=[
+            act("system2", "search", out="# Marlo Works\nMarlo Works was founded by Ada Vell."),
+            act(
+                "system1",
+                "extract",
+                out="# Marlo Works\nMarlo Works was founded by Ada Vell.",
+                text="Founded by Ada Vell.",
+            ),
+            act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="A bridge."),
+            act("system1", "extract", out="# Other\nNothing here.", text="NONE"),
+            act("system2", "answer"),
+            act("system2", None),
+        ],
+        final_answer="Ada",
+    )
     scores = [s for s, _ in rubric_scores(ep, ["Marlo Works"])]
     assert scores == [10.0, 10.0, 0.0, 5.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
     missed = Episode(ep.problem, "e", "g", actions=[act("system2", "search", out="# Other\nNothing.")])

@@ -1,6 +1,7 @@
 """MARS with one model for both systems (pipeline.shared_model): the role -> weights map, the shared
 update batch (System 2's joined trajectories plus System 1's balanced samples), its gradient, and the
 train flow with the shared model and with two models."""
+
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,21 @@ ROLES = {"system2": "shared", "system1": "shared"}
 def _episode(ep: str, adv: float, s1_advs: list[float]) -> list[dict]:
     """One episode's advantage-joined action rows: two System-2 turns (the second's prompt extends the
     first's prompt + response by an observation [9, 9]) and one System-1 row per bin."""
+
     def row(turn, agent, system, prompt, response, a):
         n = len(response)
-        return {"episode_id": ep, "turn": turn, "agent": agent, "system": system, "prompt_ids": prompt,
-                "response_ids": response, "logprobs": [-1.0] * n, "advantages": [a] * n, "loss_mask": [1] * n,
-                "weight": 1}
+        return {
+            "episode_id": ep,
+            "turn": turn,
+            "agent": agent,
+            "system": system,
+            "prompt_ids": prompt,
+            "response_ids": response,
+            "logprobs": [-1.0] * n,
+            "advantages": [a] * n,
+            "loss_mask": [1] * n,
+            "weight": 1,
+        }
 
     rows = [row(0, "system2", 2, [1, 2], [3, 4], adv), row(1, "system2", 2, [1, 2, 3, 4, 9, 9], [5], adv)]
     return rows + [row(2 + i, "system1", 1, [7, i], [8, 8, 8], a) for i, a in enumerate(s1_advs)]
@@ -38,7 +49,10 @@ def test_weights_maps():
     from pipelines import build_pipeline, pipeline_config
 
     assert own_weights(build_pipeline(pipeline_config({"name": "mathchat"}), 0).agents) == {
-        "solver": "solver", "executor": "executor", "verifier": "verifier"}
+        "solver": "solver",
+        "executor": "executor",
+        "verifier": "verifier",
+    }
     shared = build_pipeline(pipeline_config({"name": "deepresearch"}), 0)
     assert shared.weights == ROLES and weight_units(shared.weights) == ["shared"]
     two = build_pipeline(pipeline_config({"name": "deepresearch", "shared_model": False}), 0)
@@ -72,7 +86,8 @@ def test_separate_weights_batches_are_unchanged():
     both = train_items(df)
     assert len(s2) == 3 and len(s1) == 3
     assert [(it.prompt_ids, it.response_ids, it.mask) for it in both] == [
-        (it.prompt_ids, it.response_ids, it.mask) for it in s2 + s1]
+        (it.prompt_ids, it.response_ids, it.mask) for it in s2 + s1
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +125,15 @@ def _grads(policy, items) -> float:
         p.grad = None
     pad = policy.tokenizer.pad_token_id
     with policy.acting("shared") as model:
-        accumulate(items, 2, lambda micro, last: response_logprobs(
-            model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad, 1.0),
-            partial(ppo_clip_loss, clip_eps=0.2), torch.Tensor.backward)
+        accumulate(
+            items,
+            2,
+            lambda micro, last: response_logprobs(
+                model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad, 1.0
+            ),
+            partial(ppo_clip_loss, clip_eps=0.2),
+            torch.Tensor.backward,
+        )
     return float(sum((p.grad.norm() ** 2 if p.grad is not None else 0.0) for p in params) ** 0.5)
 
 
@@ -121,8 +142,9 @@ def test_shared_gradient_comes_from_both_systems(shared_policy):
     rows = _balanced()
 
     def grad_with(*live: int) -> float:
-        df = pd.DataFrame([r | {"advantages": [0.0] * len(r["advantages"])} if r["system"] not in live else r
-                           for r in rows])
+        df = pd.DataFrame(
+            [r | {"advantages": [0.0] * len(r["advantages"])} if r["system"] not in live else r for r in rows]
+        )
         return _grads(shared_policy, train_items(df))
 
     assert grad_with(2) > 0 and grad_with(1) > 0

@@ -1,4 +1,5 @@
 """MathChat problems, code extraction and the upstream-blame rubric (pipelines/mathchat)."""
+
 import re
 
 import pytest
@@ -89,22 +90,33 @@ def test_load_jsonl_empty_file(tmp_path):
         gen.load_jsonl(tmp_path / "e.jsonl")
 
 
-@pytest.mark.parametrize("text, code", [
-    ("Here:\n```python\nprint(1)\n```\nbye", "print(1)"),
-    ("```py\nx = 2\nprint(x)\n```", "x = 2\nprint(x)"),
-    ("```\nprint(3)\n```", "print(3)"),                            # unlabelled fence
-    ("```python\nprint(4)\n", "print(4)"),                         # unterminated fence: to the end
-    ("```python\nprint(5)\n```\n```python\nprint(6)\n```", "print(5)"),  # the first block
-    ("print(7)", "print(7)"),                                      # bare Python
-    ("The answer is 7.", None),
-    ("```python\n\n```", None),                                    # an empty block, no print(
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("Here:\n```python\nprint(1)\n```\nbye", "print(1)"),
+        ("```py\nx = 2\nprint(x)\n```", "x = 2\nprint(x)"),
+        ("```\nprint(3)\n```", "print(3)"),  # unlabelled fence
+        ("```python\nprint(4)\n", "print(4)"),  # unterminated fence: to the end
+        ("```python\nprint(5)\n```\n```python\nprint(6)\n```", "print(5)"),  # the first block
+        ("print(7)", "print(7)"),  # bare Python
+        ("The answer is 7.", None),
+        ("```python\n\n```", None),  # an empty block, no print(
+    ],
+)
 def test_extract_code(text, code):
     assert extract_code(text) == code
 
 
-@pytest.mark.parametrize("text, n", [("ANSWER: 1,234", 1234), ("so \\boxed{-5}.", -5), ("ANSWER: 3 then 9", 3),
-                                     ("I think 4, maybe 6", 6), ("no idea", None)])
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        ("ANSWER: 1,234", 1234),
+        ("so \\boxed{-5}.", -5),
+        ("ANSWER: 3 then 9", 3),
+        ("I think 4, maybe 6", 6),
+        ("no idea", None),
+    ],
+)
 def test_extract_int(text, n):
     assert extract_int(text) == n
 
@@ -118,10 +130,16 @@ PROBLEM = Problem("t", "What is the remainder when 100 is divided by 7?", "2")
 
 def episode(solver="Divide 100 by 7 and take the remainder.", output="2", stated="2", verdict=None):
     """A hand-written episode; the verifier replies `verdict` (default `ANSWER: <stated>`) and states `stated`."""
-    acts = [{"turn": 0, "agent": "solver", "response_text": solver, "tool_output": None},
-            {"turn": 1, "agent": "executor", "response_text": "```python\nprint(100 % 7)\n```", "tool_output": output},
-            {"turn": 2, "agent": "verifier", "response_text": f"ANSWER: {stated}" if verdict is None else verdict,
-             "tool_output": None}]
+    acts = [
+        {"turn": 0, "agent": "solver", "response_text": solver, "tool_output": None},
+        {"turn": 1, "agent": "executor", "response_text": "```python\nprint(100 % 7)\n```", "tool_output": output},
+        {
+            "turn": 2,
+            "agent": "verifier",
+            "response_text": f"ANSWER: {stated}" if verdict is None else verdict,
+            "tool_output": None,
+        },
+    ]
     return Episode(problem=PROBLEM, episode_id="e", group_id="g", actions=acts, final_answer=stated)
 
 
@@ -129,8 +147,12 @@ def scores(ep, rubric=rubric_scores):
     return [s for s, _ in rubric(ep)]
 
 
-FAILURES = [("NO CODE: the reply had no Python code block", 0.0), ("TIMEOUT: the program did not finish in time", 1.0),
-            ("ERROR: ZeroDivisionError: division by zero", 2.0), ("(no output)", 3.0)]
+FAILURES = [
+    ("NO CODE: the reply had no Python code block", 0.0),
+    ("TIMEOUT: the program did not finish in time", 1.0),
+    ("ERROR: ZeroDivisionError: division by zero", 2.0),
+    ("(no output)", 3.0),
+]
 
 
 def test_rubric_all_correct():
@@ -142,7 +164,7 @@ def test_rubric_all_correct():
 def test_rubric_code_failure_blames_the_executor_and_leaves_the_verifier_unscored(output, executor_score, stated):
     (solver, _), (executor, _), (verifier, why) = rubric_scores(episode(output=output, stated=stated))
     assert executor == executor_score
-    assert solver == 6.0           # plan used both quantities (100, 7) but did not reach 2: 2 + 4 * 1.0
+    assert solver == 6.0  # plan used both quantities (100, 7) but did not reach 2: 2 + 4 * 1.0
     # nothing to report: not the verifier's failure, so no score (a neutral 5 would whiten into a penalty)
     assert verifier is None and why == "not scored: the program gave no result; upstream is at fault"
 
@@ -163,14 +185,14 @@ def test_rubric_wrong_program():
     # a faithful report of the wrong output: the executor is at fault, the verifier is not scored
     assert verifier is None and verdict.startswith("not scored: faithfully reported")
     assert scores(episode(output="3", stated="8"))[2] == 2.0  # supported by neither program nor truth
-    assert scores(episode(output="3", stated=""))[2] == 3.0   # silent although the program printed a number
+    assert scores(episode(output="3", stated=""))[2] == 3.0  # silent although the program printed a number
 
 
 def test_rubric_solver_credited_when_its_plan_names_the_answer():
     solver, executor, _ = scores(episode(solver="100 = 14*7 + 2, so it is 2.", output="ERROR: NameError: x", stated=""))
     assert solver == 8.0 and executor == 2.0
     assert scores(episode(solver="No idea.", output="ERROR: boom", stated=""))[0] == 2.0  # used none of the numbers
-    assert scores(episode(solver="Take 100 mod 9.", output="4", stated="4"))[0] == 4.0   # one of two: 2 + 4 * 0.5
+    assert scores(episode(solver="Take 100 mod 9.", output="4", stated="4"))[0] == 4.0  # one of two: 2 + 4 * 0.5
 
 
 @pytest.mark.parametrize("output, executor_score", [*FAILURES, ("2", 8.0), ("3", 8.0)])
@@ -178,23 +200,31 @@ def test_blind_rubric_executor_is_judged_on_running_and_printing(output, executo
     assert scores(episode(output=output), blind_rubric_scores)[1] == executor_score  # right or wrong alike
 
 
-@pytest.mark.parametrize("plan, score", [("Divide 100 by 7 and take the remainder.", 10.0),
-                                         ("Divide 100 by the divisor.", 6.0),      # one of two: 2 + 8 * 0.5
-                                         ("No idea.", 2.0),
-                                         ("```python\nprint(100 % 7)\n```", 1.0),  # code, not a plan
-                                         ("print(100 % 7)", 1.0)])
+@pytest.mark.parametrize(
+    "plan, score",
+    [
+        ("Divide 100 by 7 and take the remainder.", 10.0),
+        ("Divide 100 by the divisor.", 6.0),  # one of two: 2 + 8 * 0.5
+        ("No idea.", 2.0),
+        ("```python\nprint(100 % 7)\n```", 1.0),  # code, not a plan
+        ("print(100 % 7)", 1.0),
+    ],
+)
 def test_blind_rubric_solver_is_judged_on_its_plan(plan, score):
     assert scores(episode(solver=plan), blind_rubric_scores)[0] == score
 
 
-@pytest.mark.parametrize("output, stated, verdict, score", [
-    ("3", "3", None, 10.0),             # ANSWER: <printed>, faithful (that 3 is wrong is unknown to it)
-    ("2", "2", "It is 2.", 6.0),        # faithful, not in the ANSWER format
-    ("3", "", "I cannot tell.", 3.0),   # silent although the program printed a number
-    ("3", "2", None, 2.0),              # invented a number the program did not print (even the right one)
-    ("ERROR: boom", "3", None, None),   # no program result to report: upstream is at fault, not scored
-    ("(no output)", "", "nothing", None),
-])
+@pytest.mark.parametrize(
+    "output, stated, verdict, score",
+    [
+        ("3", "3", None, 10.0),  # ANSWER: <printed>, faithful (that 3 is wrong is unknown to it)
+        ("2", "2", "It is 2.", 6.0),  # faithful, not in the ANSWER format
+        ("3", "", "I cannot tell.", 3.0),  # silent although the program printed a number
+        ("3", "2", None, 2.0),  # invented a number the program did not print (even the right one)
+        ("ERROR: boom", "3", None, None),  # no program result to report: upstream is at fault, not scored
+        ("(no output)", "", "nothing", None),
+    ],
+)
 def test_blind_rubric_verifier_is_judged_on_faithfulness(output, stated, verdict, score):
     (_, _), (_, _), (got, why) = blind_rubric_scores(episode(output=output, stated=stated, verdict=verdict))
     assert got == score

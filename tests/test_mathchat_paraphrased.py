@@ -1,5 +1,6 @@
 """The paraphrased MathChat held-out set (pipelines/mathchat/paraphrased.py): the shipped file is what
 the generator writes, every answer is right, and nothing of it comes from the training generator."""
+
 import re
 
 import pytest
@@ -10,8 +11,14 @@ from pipelines.mathchat.paraphrased import FILE, SEED, SIZE, generate, jsonl
 
 SET = generate(SIZE, SEED)
 # each kind's answer from its numbers, written here apart from the generator
-ANSWER = {"add": lambda v: v["a"] + v["b"], "sub": lambda v: v["a"] - v["b"], "mul": lambda v: v["a"] * v["k"],
-          "gain": lambda v: v["a"] + v["b"], "loss": lambda v: v["a"] - v["b"], "groups": lambda v: v["g"] * v["k"]}
+ANSWER = {
+    "add": lambda v: v["a"] + v["b"],
+    "sub": lambda v: v["a"] - v["b"],
+    "mul": lambda v: v["a"] * v["k"],
+    "gain": lambda v: v["a"] + v["b"],
+    "loss": lambda v: v["a"] - v["b"],
+    "groups": lambda v: v["g"] * v["k"],
+}
 SPELLED = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
 

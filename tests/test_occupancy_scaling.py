@@ -1,5 +1,6 @@
 """benchmarks/occupancy_scaling.py: exact occupancy on a hand-computed team, the trust-region step, the
 log-log fit, and the scaling claim (stale penalty grows faster than TeamTR's) on small teams."""
+
 import argparse
 import sys
 from pathlib import Path
@@ -17,8 +18,12 @@ def hand_team() -> tuple[occ.Team, np.ndarray]:
     P = np.zeros((2, 2, 2, 2))
     for a in range(2):
         P[:, :, a, a] = 1.0
-    pi = np.array([[[0.3, 0.7], [0.5, 0.5]],  # agent 1: pi(.|s=0), pi(.|s=1)
-                   [[0.5, 0.5], [0.2, 0.8]]])  # agent 2
+    pi = np.array(
+        [
+            [[0.3, 0.7], [0.5, 0.5]],  # agent 1: pi(.|s=0), pi(.|s=1)
+            [[0.5, 0.5], [0.2, 0.8]],
+        ]
+    )  # agent 2
     return occ.Team(rho0=np.array([1.0, 0.0]), P=P, R=np.array([0.0, 1.0]), tokens=1), pi
 
 

@@ -1,4 +1,5 @@
 """Progress artifacts (infra/progress.py): few Prefect API calls, and the right value at the end."""
+
 import prefect.artifacts as pa
 import pytest
 

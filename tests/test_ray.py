@@ -3,6 +3,7 @@
 are played by two actors placed one per node (strict_spread); both nodes are stopped afterwards.
 
 Skipped when Ray is not installed (`pip install -e .[ray]`), unless TEAMRL_REQUIRE_RAY=1 (CI)."""
+
 import os
 import shutil
 import subprocess
@@ -27,16 +28,42 @@ if RAY is None:
 def cluster(tmp_path_factory):
     """Two Ray nodes on 127.0.0.1 with separate temp dirs; workers import this checkout's code."""
     port = free_port()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-                        "TEAMRL_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TEAMRL_PROGRESS": "0",
+        "OMP_NUM_THREADS": "1",
+    }
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(200 * 2**20)]
     head, worker = tmp_path_factory.mktemp("ray-head"), tmp_path_factory.mktemp("ray-worker")
     try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--temp-dir", str(head), "--include-dashboard",
-                        "false", "--disable-usage-stats", *common], env=env, check=True, timeout=180,
-                       capture_output=True)
-        subprocess.run([RAY, "start", "--address", f"127.0.0.1:{port}", "--temp-dir", str(worker), *common], env=env,
-                       check=True, timeout=180, capture_output=True)
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--temp-dir",
+                str(head),
+                "--include-dashboard",
+                "false",
+                "--disable-usage-stats",
+                *common,
+            ],
+            env=env,
+            check=True,
+            timeout=180,
+            capture_output=True,
+        )
+        subprocess.run(
+            [RAY, "start", "--address", f"127.0.0.1:{port}", "--temp-dir", str(worker), *common],
+            env=env,
+            check=True,
+            timeout=180,
+            capture_output=True,
+        )
         yield f"127.0.0.1:{port}"
     finally:
         import ray
@@ -52,9 +79,18 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
     from infra import store
     from tasks import rollout_workers
 
-    run_dir = train(config=tiny_config(tmp_path, "run.id=ray", "iterations=1", "evaluate=false",
-                                       "engines.runner=ray", f"engines.ray.address={cluster}",
-                                       "engines.ray.rollout_workers=2", "engines.ray.placement=strict_spread"))
+    run_dir = train(
+        config=tiny_config(
+            tmp_path,
+            "run.id=ray",
+            "iterations=1",
+            "evaluate=false",
+            "engines.runner=ray",
+            f"engines.ray.address={cluster}",
+            "engines.ray.rollout_workers=2",
+            "engines.ray.placement=strict_spread",
+        )
+    )
     nodes = rollout_workers.placement()
     assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
     assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)

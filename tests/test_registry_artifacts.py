@@ -1,5 +1,6 @@
 """Operating a run: the MLflow model registry (a registered model per agent, `best` follows held-out
 success, `teamrl eval --model models:/...@best` loads it back) and the Prefect run names and artifacts."""
+
 import filecmp
 from pathlib import Path
 
@@ -39,8 +40,9 @@ def test_best_moves_only_on_higher_held_out_success_and_registration_is_idempote
     assert str(best.version) == "3" and best.tags[SUCCESS_TAG] == "0.500000" and best.tags["teamrl.agent"] == "solver"
     assert str(client.get_model_version_by_alias(name, "latest").version) == "3"  # MLflow's reserved alias
     assert best.source.endswith("/checkpoints/solver/v0002")
-    no_eval = register_agents(client, _mlflow_run_with_checkpoint(client, exp, tmp_path, "solver", 1), "p",
-                              {"solver": 1}, tags, None)
+    no_eval = register_agents(
+        client, _mlflow_run_with_checkpoint(client, exp, tmp_path, "solver", 1), "p", {"solver": 1}, tags, None
+    )
     assert not no_eval[0].best and str(client.get_model_version_by_alias(name, "best").version) == "3"
 
 
@@ -73,8 +75,11 @@ def test_every_agent_is_registered_and_loads_back_for_evaluation(trained_run):
     assert len(evals) == 1
     for a in AGENTS:  # the registered executor and the run's own latest solver and verifier
         ours = Path(run_dir) / "checkpoints" / a / f"v{latest_version(run_dir, a):04d}"
-        assert filecmp.cmp(ours / "adapter_model.safetensors", evals[0] / "checkpoints" / a / "v0000" /
-                           "adapter_model.safetensors", shallow=False)
+        assert filecmp.cmp(
+            ours / "adapter_model.safetensors",
+            evals[0] / "checkpoints" / a / "v0000" / "adapter_model.safetensors",
+            shallow=False,
+        )
     # the same checkpoints, greedy: the registered team plays exactly as the run's final evaluation did
     from infra import store
 
@@ -85,11 +90,14 @@ def test_every_agent_is_registered_and_loads_back_for_evaluation(trained_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("uri, message", [
-    ("tiny-solver@best", "not a registry URI"),
-    ("models:/nope-solver@best", "registered models in"),
-    ("models:/tiny-solver/99", "registered models in"),
-])
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("tiny-solver@best", "not a registry URI"),
+        ("models:/nope-solver@best", "registered models in"),
+        ("models:/tiny-solver/99", "registered models in"),
+    ],
+)
 def test_eval_model_errors_name_the_problem(trained_run, uri, message):
     root, _ = trained_run
     res = CliRunner().invoke(app, ["eval", "--model", uri, "--dir", str(root)])
@@ -121,11 +129,18 @@ def test_prefect_run_names_and_artifacts(trained_run):
         (link,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["spine-mlflow"])))
         assert link.type == "markdown" and "/#/experiments/" in link.data
         # this run's flow run and its `iteration-<k>` sub-flow runs: their progress artifacts all completed
-        top = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["train-mathchat-spine"])))
-        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[r.id for r in top])))
-        progress = client.read_artifacts(artifact_filter=ArtifactFilter(
-            type=ArtifactFilterType(any_=["progress"]), flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in top + subs])))
+        top = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["train-mathchat-spine"]))
+        )
+        subs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[r.id for r in top]))
+        )
+        progress = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                type=ArtifactFilterType(any_=["progress"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in top + subs]),
+            )
+        )
         assert {r.name for r in subs} == {"iteration-1", "iteration-2"}
         assert progress and all(float(a.data) == 100.0 for a in progress)
         # the tiny team's verifier is never scored, so its update has no batch and no progress bar (test_train_flow.py)

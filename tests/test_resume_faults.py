@@ -2,6 +2,7 @@
 checkpoint write, or fail a stage so that Prefect records the flow run as Failed; `teamrl train
 --resume` (or `prefect flow-run retry`) then finishes the run with exactly the tables of the
 uninterrupted run with the same seed, and consistent checkpoints."""
+
 import os
 import signal
 import sys
@@ -28,13 +29,16 @@ def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.c
     return run_in_session([*cli, *args], env | (env_extra or {}), log)
 
 
-@pytest.mark.parametrize("fault", [
-    "collect_rollouts:2",     # iteration 1's rollouts generated, actions written, episodes not
-    "update:3",               # iteration 2: the solver trained, its checkpoint not written (the verifier
-                              # is never scored on the tiny preset, so each iteration trains 2 agents)
-    "partition:9",            # inside a Parquet write: temp file on disk, not renamed
-    "checkpoint:5",           # inside a checkpoint write: folder on disk, not renamed
-])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "collect_rollouts:2",  # iteration 1's rollouts generated, actions written, episodes not
+        "update:3",  # iteration 2: the solver trained, its checkpoint not written (the verifier
+        # is never scored on the tiny preset, so each iteration trains 2 agents)
+        "partition:9",  # inside a Parquet write: temp file on disk, not renamed
+        "checkpoint:5",  # inside a checkpoint write: folder on disk, not renamed
+    ],
+)
 def test_killed_run_resumes_to_identical_tables(fault, trained_run, tmp_path):
     _, ref_dir = trained_run  # the tiny preset, seed 1, uninterrupted
     args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=f", "--set", "seed=1"]
@@ -64,8 +68,11 @@ def test_killed_in_a_teamtr_resample_resumes_to_identical_tables(teamtr_run, tmp
     """TeamTR (random order, trust region): killed in iteration 1's second resample, after its actions."""
     _, ref_dir = teamtr_run
     sets = [x for kv in ("run.id=t", *TEAMTR) for x in ("--set", kv)]
-    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", *sets], tmp_path / "killed.log",
-                      {"TEAMRL_FAULT": "resample:2"})
+    rc, out = _teamrl(
+        ["train", "tiny", "--set", f"run.dir={tmp_path}", *sets],
+        tmp_path / "killed.log",
+        {"TEAMRL_FAULT": "resample:2"},
+    )
     assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
     rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "t"], tmp_path / "resumed.log")
     assert rc == 0, out[-3000:]
@@ -80,8 +87,11 @@ def test_failed_flow_run_is_finished_by_prefect_retry(trained_run, tmp_path):
     rc, out = _teamrl(args, tmp_path / "failed.log", {"TEAMRL_FAULT": "coach_evaluate:3:raise"})
     assert rc != 0 and "InjectedFault" in out, out[-3000:]
     flow_run_id = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["flow_run_id"]
-    rc, out = _teamrl(["flow-run", "retry", flow_run_id, "--entrypoint", "flows/train.py:train"],
-                      tmp_path / "retry.log", cli=[str(Path(sys.executable).with_name("prefect"))])
+    rc, out = _teamrl(
+        ["flow-run", "retry", flow_run_id, "--entrypoint", "flows/train.py:train"],
+        tmp_path / "retry.log",
+        cli=[str(Path(sys.executable).with_name("prefect"))],
+    )
     assert rc == 0 and "completed successfully" in out, out[-3000:]
     assert_same_as_uninterrupted(ref_dir, tmp_path / "p")
     assert (tmp_path / "p" / "summary.png").exists()
@@ -95,19 +105,28 @@ def assert_same_as_uninterrupted(ref_dir: Path, run_dir: Path) -> None:
     assert agents == sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     for agent in agents:
         assert latest_version(run_dir, agent) == latest_version(ref_dir, agent)
-        assert sorted(p.name for p in (run_dir / "checkpoints" / agent).iterdir()) == \
-            sorted(p.name for p in (ref_dir / "checkpoints" / agent).iterdir())
+        assert sorted(p.name for p in (run_dir / "checkpoints" / agent).iterdir()) == sorted(
+            p.name for p in (ref_dir / "checkpoints" / agent).iterdir()
+        )
     assert not list(run_dir.rglob(".tmp-*")), "half-written files were left behind"
 
 
 def test_killed_in_system1_extract_resumes_to_identical_tables(mars_run, tmp_path):
     """MARS: killed inside iteration 1's System-1 extraction (System 2 has acted, nothing is written)."""
     _, ref_dir = mars_run
-    args = ["train", "deepresearch-tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=m",
-            *[x for kv in MARS for x in ("--set", kv)]]
+    args = [
+        "train",
+        "deepresearch-tiny",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "run.id=m",
+        *[x for kv in MARS for x in ("--set", kv)],
+    ]
     rc, out = _teamrl(args, tmp_path / "killed.log", {"TEAMRL_FAULT": "extract:1"})
     assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
-    rc, out = _teamrl(["train", "deepresearch-tiny", "--set", f"run.dir={tmp_path}", "--resume", "m"],
-                      tmp_path / "resumed.log")
+    rc, out = _teamrl(
+        ["train", "deepresearch-tiny", "--set", f"run.dir={tmp_path}", "--resume", "m"], tmp_path / "resumed.log"
+    )
     assert rc == 0, out[-3000:]
     assert_same_as_uninterrupted(ref_dir, tmp_path / "m")

@@ -1,6 +1,7 @@
 """One damaged run folder does not stop the others (infra/runs.py): a run whose config.yaml cannot be read
 is skipped with a warning naming it when a new run starts, `teamrl runs list` shows it as damaged, and
 resuming it fails with a message naming the file and the line."""
+
 import logging
 from contextlib import contextmanager
 
@@ -79,11 +80,25 @@ def test_a_damaged_run_stops_neither_new_runs_nor_runs_list(prefect_harness, tmp
     path = damage(tmp_path, "invalid")
     runner = CliRunner()
     with warnings_logged() as records:
-        res = runner.invoke(app, ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "iterations=1",
-                                  "--set", "evaluate=false", "--set", "run.id=new"])
+        res = runner.invoke(
+            app,
+            [
+                "train",
+                "tiny",
+                "--set",
+                f"run.dir={tmp_path}",
+                "--set",
+                "iterations=1",
+                "--set",
+                "evaluate=false",
+                "--set",
+                "run.id=new",
+            ],
+        )
     assert res.exit_code == 0, res.output
     assert [r.getMessage().split(" (")[0] for r in records] == [
-        f"skipping run 'invalid': {path}, line 4: not valid YAML"]
+        f"skipping run 'invalid': {path}, line 4: not valid YAML"
+    ]
     assert read_run_config(tmp_path / "new")["run_id"] == "new"
 
     res = runner.invoke(app, ["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "invalid"])
@@ -96,4 +111,3 @@ def test_a_damaged_run_stops_neither_new_runs_nor_runs_list(prefect_harness, tmp
     rows = {line.split()[1]: line for line in res.output.splitlines() if line.startswith("│")}
     assert "tiny" in rows["new"] and "damaged" in rows["invalid"]
     assert f"{path}, line 4: not valid YAML" in res.output
-

@@ -4,6 +4,7 @@ Every test runs under both isolation modes: `bwrap` (bubblewrap namespaces; skip
 cannot run, unless TEAMRL_REQUIRE_BWRAP=1 as in CI) and `rlimits` (resource limits only; a few
 hostile snippets are only contained there when the trainer runs as root, see `uncontained`).
 """
+
 import os
 import shutil
 import signal
@@ -61,12 +62,14 @@ def left_running(marker: str) -> list[int]:
 
 def assert_unaffected(mode):
     """A later episode runs normally, in a fresh work dir."""
-    r = run_python("import os, sys\nprint(6 * 7, sorted(set(os.listdir('.')) - {os.path.basename(sys.argv[0])}))",
-                   cfg(mode))
+    r = run_python(
+        "import os, sys\nprint(6 * 7, sorted(set(os.listdir('.')) - {os.path.basename(sys.argv[0])}))", cfg(mode)
+    )
     assert r.ok and r.stdout == "42 []\n", r  # nothing but the code file itself
 
 
 # ---- ordinary behaviour ---------------------------------------------------------------------------
+
 
 def test_normal_output(mode):
     r = run_python("print(6 * 7)", cfg(mode))
@@ -110,8 +113,11 @@ def test_shared_workspace_keeps_files_between_calls(mode):
     work = Path(tempfile.mkdtemp(prefix="teamrl-ws-"))
     request_cleanup = shutil.rmtree
     (work / "train.csv").write_text("x\n1\n2\n")
-    first = run_python("rows = open('train.csv').read().split()[1:]\nopen('features.txt', 'w').write(str(len(rows)))",
-                       cfg(mode), workdir=str(work))
+    first = run_python(
+        "rows = open('train.csv').read().split()[1:]\nopen('features.txt', 'w').write(str(len(rows)))",
+        cfg(mode),
+        workdir=str(work),
+    )
     second = run_python("print(int(open('features.txt').read()) * 10)", cfg(mode), workdir=str(work))
     assert first.ok and second.ok and second.stdout.strip() == "20"
     assert sorted(p.name for p in work.iterdir()) == ["features.txt", "train.csv"]  # kept, no code files left
@@ -148,6 +154,7 @@ def test_strict_isolation_unavailable_is_a_clear_error(monkeypatch):
 # Each must end within its limits (pytest-timeout guards against a hang), leave nothing running, give
 # the coach a feedback string, and leave the next call unaffected.
 
+
 def uncontained(mode, *needs):
     """Skip where a guarantee needs bubblewrap (`ns`) or an unprivileged sandbox user (`uid`)."""
     if mode == "rlimits" and "ns" in needs:
@@ -157,12 +164,19 @@ def uncontained(mode, *needs):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("code,limits,returncode", [
-    ("while True: pass", {"cpu_s": 1, "timeout_s": 30}, -signal.SIGXCPU),    # stopped by the CPU limit
-    ("import time\ntime.sleep(10**6)", {"timeout_s": 1}, None),              # stopped by the wall clock
-    ("import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)",
-     {"timeout_s": 2, "max_processes": 32}, None),                            # fork bomb
-], ids=["infinite-loop", "sleep-forever", "fork-bomb"])
+@pytest.mark.parametrize(
+    "code,limits,returncode",
+    [
+        ("while True: pass", {"cpu_s": 1, "timeout_s": 30}, -signal.SIGXCPU),  # stopped by the CPU limit
+        ("import time\ntime.sleep(10**6)", {"timeout_s": 1}, None),  # stopped by the wall clock
+        (
+            "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)",
+            {"timeout_s": 2, "max_processes": 32},
+            None,
+        ),  # fork bomb
+    ],
+    ids=["infinite-loop", "sleep-forever", "fork-bomb"],
+)
 def test_runaway_code_times_out_and_leaves_nothing(mode, code, limits, returncode):
     r = run_python(code, cfg(mode, **limits))
     assert r.timed_out and r.returncode == returncode
@@ -180,10 +194,14 @@ def test_memory_bomb_fails_in_the_child_only(mode, code):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("code", [
-    "import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 10**6)",                 # 1 GB of output
-    "with open('big', 'wb') as f:\n    for _ in range(1000):\n        f.write(b'0' * 10**6)",  # a 1 GB file
-], ids=["1GB-output", "1GB-file"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 10**6)",  # 1 GB of output
+        "with open('big', 'wb') as f:\n    for _ in range(1000):\n        f.write(b'0' * 10**6)",  # a 1 GB file
+    ],
+    ids=["1GB-output", "1GB-file"],
+)
 def test_a_gigabyte_of_output_stops_at_the_file_size_limit(mode, code):
     r = run_python(code, cfg(mode, max_file_mb=8, max_output_bytes=1000))
     assert not r.ok and r.feedback() == "ERROR: OSError: [Errno 27] File too large"
@@ -194,8 +212,11 @@ def test_a_gigabyte_of_output_stops_at_the_file_size_limit(mode, code):
 def test_writing_outside_the_work_dir_fails(mode, tmp_path):
     uncontained(mode, "uid")
     targets = [tmp_path / "pwned", Path(__file__).with_name("pwned.py"), Path.home() / "pwned"]
-    code = "\n".join(f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('wrote {t}')\nexcept OSError as e:\n"
-                     f"    print(type(e).__name__)" for t in targets)
+    code = "\n".join(
+        f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('wrote {t}')\nexcept OSError as e:\n"
+        f"    print(type(e).__name__)"
+        for t in targets
+    )
     r = run_python(code, cfg(mode))
     assert r.ok and "wrote" not in r.stdout, r.stdout
     assert not any(t.exists() for t in targets)
@@ -206,9 +227,11 @@ def test_secrets_in_the_environment_are_not_readable(mode, monkeypatch):
     secret = uuid.uuid4().hex
     for k in ("OPENAI_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "TEAMRL_SECRET"):
         monkeypatch.setenv(k, secret)
-    code = (f"import os\nprint(sorted(os.environ.items()))\n"
-            f"for pid in (os.getppid(), {os.getpid()}):\n    try:\n"
-            f"        print(open(f'/proc/{{pid}}/environ').read())\n    except OSError as e:\n        print(e)")
+    code = (
+        f"import os\nprint(sorted(os.environ.items()))\n"
+        f"for pid in (os.getppid(), {os.getpid()}):\n    try:\n"
+        f"        print(open(f'/proc/{{pid}}/environ').read())\n    except OSError as e:\n        print(e)"
+    )
     r = run_python(code, cfg(mode))
     assert r.ok and secret not in r.stdout and secret not in r.stderr
     assert "OPENAI_API_KEY" not in r.stdout
@@ -222,10 +245,12 @@ def test_no_network(mode):
     accepted = []
     t = threading.Thread(target=lambda: accepted.append(_accept(server)))
     t.start()
-    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-            f"    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)\n"
-            "try:\n    socket.getaddrinfo('pypi.org', 443)\n    print('resolved')\nexcept OSError as e:\n"
-            "    print(type(e).__name__)")
+    code = (
+        f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        f"    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+        "try:\n    socket.getaddrinfo('pypi.org', 443)\n    print('resolved')\nexcept OSError as e:\n"
+        "    print(type(e).__name__)"
+    )
     r = run_python(code, cfg(mode))
     t.join()
     server.close()
@@ -245,9 +270,11 @@ def test_signalling_the_trainer_fails(mode):
     victim = subprocess.Popen(["sleep", "60"])  # stands for the trainer: same user, outside the sandbox
     try:
         kill_all = ", -1" if mode == "bwrap" else ""  # rlimits: -1 (all of the user's processes) hits sibling sandboxes
-        code = (f"import os, signal\nfor pid in ({victim.pid}, os.getppid(){kill_all}):\n    try:\n"
-                f"        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(type(e).__name__)\n"
-                "print('done')")
+        code = (
+            f"import os, signal\nfor pid in ({victim.pid}, os.getppid(){kill_all}):\n    try:\n"
+            f"        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(type(e).__name__)\n"
+            "print('done')"
+        )
         r = run_python(code, cfg(mode))
         assert r.ok and r.stdout.strip().endswith("done")
         assert victim.poll() is None, "the sandbox killed a process outside it"
@@ -266,9 +293,13 @@ print("spawned")
 @pytest.mark.parametrize("new_session", [False, True], ids=["child", "child-in-new-session"])
 def test_children_do_not_outlive_the_call(mode, new_session, request):
     if mode == "rlimits" and new_session and sandbox_slots.budgets() == "shared":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="rlimits without a uid or cgroup of the call's own: clean-up is killpg on the "
-                                "child's group, and a process that starts its own session escapes"))
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="rlimits without a uid or cgroup of the call's own: clean-up is killpg on the "
+                "child's group, and a process that starts its own session escapes",
+            )
+        )
     marker = uuid.uuid4().hex
     r = run_python(SPAWN.format(marker=marker, new_session=new_session), cfg(mode))
     try:

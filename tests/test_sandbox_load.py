@@ -4,6 +4,7 @@ Runaway programs in some calls must not stop benign calls running at the same ti
 change their output; a call that cannot start is retried, then reported as `infra_error`, never as the
 program's own failure.
 """
+
 import errno
 import os
 import subprocess
@@ -17,15 +18,23 @@ from infra.sandbox import INFRA_PREFIX, SandboxConfig, run_python
 from tests.test_sandbox import cfg, left_running, mode  # noqa: F401  (the isolation-mode fixture)
 
 RUNAWAY = {
-    "fork-bomb": "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.001)",
-    "memory-bomb": ("import os\nfor _ in range(4):\n    os.fork()\nx = []\nwhile True:\n"
-                    "    try:\n        x.append(bytearray(10**7))\n    except MemoryError:\n        pass"),
-    "sleeping-children": ("import subprocess, sys, time\nwhile True:\n    try:\n"
-                          "        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-                          "start_new_session=True)\n    except OSError:\n        time.sleep(0.01)"),
+    "fork-bomb": (
+        "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.001)"
+    ),
+    "memory-bomb": (
+        "import os\nfor _ in range(4):\n    os.fork()\nx = []\nwhile True:\n"
+        "    try:\n        x.append(bytearray(10**7))\n    except MemoryError:\n        pass"
+    ),
+    "sleeping-children": (
+        "import subprocess, sys, time\nwhile True:\n    try:\n"
+        "        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "start_new_session=True)\n    except OSError:\n        time.sleep(0.01)"
+    ),
 }
-BENIGN = "import os, subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'print({n} * 7)'], " \
-         "capture_output=True, text=True).stdout.strip(), os.getpid() > 0)"
+BENIGN = (
+    "import os, subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'print({n} * 7)'], "
+    "capture_output=True, text=True).stdout.strip(), os.getpid() > 0)"
+)
 
 
 @pytest.mark.timeout(300)
@@ -119,15 +128,18 @@ def test_missing_interpreter_is_an_infra_fault(mode, monkeypatch, tmp_path):  # 
 def test_a_failing_shim_step_is_an_infra_fault(mode, monkeypatch):  # noqa: F811
     """Anything between the spawn and the program's start (joining cgroups, rlimits, dropping the uid)."""
     real = sandbox._shim
-    monkeypatch.setattr(sandbox, "_shim", lambda *a: [x if not x.startswith("NPROC=") else "NOSUCHLIMIT=1:1"
-                                                       for x in real(*a)])
+    monkeypatch.setattr(
+        sandbox, "_shim", lambda *a: [x if not x.startswith("NPROC=") else "NOSUCHLIMIT=1:1" for x in real(*a)]
+    )
     r = run_python("print(1)", cfg(mode, start_retries=0))
     assert r.infra_error and "AttributeError" in r.infra_error and "RLIMIT_NOSUCHLIMIT" in r.infra_error
 
 
 def test_a_program_that_prints_like_an_infra_fault_is_still_its_own_error(mode):  # noqa: F811
-    code = "import sys\nsys.stderr.write('bwrap: Creating new namespace failed: Resource temporarily unavailable\\n')\n" \
-           "sys.exit(1)"
+    code = (
+        "import sys\nsys.stderr.write('bwrap: Creating new namespace failed: Resource temporarily unavailable\\n')\n"
+        "sys.exit(1)"
+    )
     r = run_python(code, cfg(mode))
     assert r.infra_error is None and r.returncode == 1 and r.feedback().startswith("ERROR: bwrap:")
 
@@ -137,7 +149,8 @@ def test_a_program_that_prints_like_an_infra_fault_is_still_its_own_error(mode):
 QUIET_RUNAWAYS = [
     "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(600)\n"
     "    except OSError:\n        time.sleep(0.5)",
-    "import subprocess, time\nwhile True:\n    try:\n        subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    "import subprocess, time\nwhile True:\n    try:\n"
+    "        subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
     "    except OSError:\n        time.sleep(0.5)",
     "import time\nx = []\ntry:\n    while True:\n        x.append(bytearray(10**6))\nexcept MemoryError:\n"
     "    time.sleep(600)",
@@ -159,8 +172,11 @@ def test_dsbench_rewards_are_the_same_under_hostile_load(prefect_harness, tmp_pa
         pytest.skip("without a uid or cgroup per call every call shares one process quota (see sandbox_slots)")
 
     def run(name):
-        return train(config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", f"run.id={name}", "iterations=1",
-                                                         "evaluate=false"]))
+        return train(
+            config=load_config(
+                "dsbench-tiny", [f"run.dir={tmp_path}", f"run.id={name}", "iterations=1", "evaluate=false"]
+            )
+        )
 
     alone = run("alone")
     stop, hostile_calls = threading.Event(), []

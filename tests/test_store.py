@@ -1,4 +1,5 @@
 """The trajectory store (infra/store.py): hive layout, explicit Arrow types, atomic writes, joins, errors."""
+
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,21 +11,78 @@ KEY = dict(run_id="r1", episode_id="e0", turn=0, agent="solver")
 
 # One row per table; floats are exact in float32 so the round trip can compare with ==.
 ROWS = {
-    "episodes": dict(run_id="r1", episode_id="e0", task_id="t0", group_id="g0", pipeline="mathchat", success=True,
-                     outcome=1.0, metrics={"code_error": 0.0}, final_answer="5", num_turns=3,
-                     policy_versions={"solver": 2}, question="2+3?", answer="5", infra_error=None),
-    "actions": dict(KEY, role="solver", system=1, policy_version=2, prompt_text="p", response_text="r",
-                    prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.5, -0.25], ref_logprobs=[-0.75, -1.0],
-                    tool_name="python", tool_input="print(5)", tool_output="5", parent_turn=None, infra_error=None),
-    "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok",
-                  error_kind=None),
-    "advantages": dict(KEY, reward=0.7, advantages=[0.5, -1.5], raw_advantages=[0.25, -0.75], loss_mask=[1, 0], weight=1),
-    "updates": dict(run_id="r1", agent="solver", strategy="joint", kl=0.01, surrogate_gain=0.1, penalty=0.0,
-                    certificate=0.0, loss=-0.1, tokens=12, seconds=1.5, version_before=0, version_after=1,
-                    skipped=False, reason=""),
-    "align": dict(run_id="r1", agent="executor", init="fresh", version_before=2, version_after=3, probe_actions=8,
-                  probe_tokens=192, delta0=0.02, lr=0.0005, kl_before=0.25, kl_after=0.015625, steps=2,
-                  converged=True, seconds=1.5, success_before=0.5, success_swap=0.25, success_aligned=0.5),
+    "episodes": dict(
+        run_id="r1",
+        episode_id="e0",
+        task_id="t0",
+        group_id="g0",
+        pipeline="mathchat",
+        success=True,
+        outcome=1.0,
+        metrics={"code_error": 0.0},
+        final_answer="5",
+        num_turns=3,
+        policy_versions={"solver": 2},
+        question="2+3?",
+        answer="5",
+        infra_error=None,
+    ),
+    "actions": dict(
+        KEY,
+        role="solver",
+        system=1,
+        policy_version=2,
+        prompt_text="p",
+        response_text="r",
+        prompt_ids=[1, 2, 3],
+        response_ids=[4, 5],
+        logprobs=[-0.5, -0.25],
+        ref_logprobs=[-0.75, -1.0],
+        tool_name="python",
+        tool_input="print(5)",
+        tool_output="5",
+        parent_turn=None,
+        infra_error=None,
+    ),
+    "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok", error_kind=None),
+    "advantages": dict(
+        KEY, reward=0.7, advantages=[0.5, -1.5], raw_advantages=[0.25, -0.75], loss_mask=[1, 0], weight=1
+    ),
+    "updates": dict(
+        run_id="r1",
+        agent="solver",
+        strategy="joint",
+        kl=0.01,
+        surrogate_gain=0.1,
+        penalty=0.0,
+        certificate=0.0,
+        loss=-0.1,
+        tokens=12,
+        seconds=1.5,
+        version_before=0,
+        version_after=1,
+        skipped=False,
+        reason="",
+    ),
+    "align": dict(
+        run_id="r1",
+        agent="executor",
+        init="fresh",
+        version_before=2,
+        version_after=3,
+        probe_actions=8,
+        probe_tokens=192,
+        delta0=0.02,
+        lr=0.0005,
+        kl_before=0.25,
+        kl_after=0.015625,
+        steps=2,
+        converged=True,
+        seconds=1.5,
+        success_before=0.5,
+        success_swap=0.25,
+        success_aligned=0.5,
+    ),
 }
 
 EXPLICIT_TYPES = [
@@ -43,8 +101,9 @@ EXPLICIT_TYPES = [
 
 def write(run_dir, table, iteration=1, phase="rollout", rows=None, name=None, **changes):
     rows = rows if rows is not None else [dict(ROWS[table], **changes)]
-    return store.write_partition(run_dir, table, iteration, phase,
-                                 [dict(r, iteration=iteration, phase=phase) for r in rows], name=name)
+    return store.write_partition(
+        run_dir, table, iteration, phase, [dict(r, iteration=iteration, phase=phase) for r in rows], name=name
+    )
 
 
 def test_every_table_has_a_sample_row():
@@ -126,8 +185,12 @@ def test_read_filters_and_empty_table(tmp_path):
 def test_load_actions_joins_on_keys(tmp_path):
     for phase, score in (("rollout", 7.0), ("eval", 2.0)):  # the same keys in another phase must not mix
         write(tmp_path, "actions", phase=phase, rows=[ROWS["actions"], dict(ROWS["actions"], turn=1, agent="executor")])
-        write(tmp_path, "coach", phase=phase, rows=[dict(ROWS["coach"], score=score),
-                                                     dict(ROWS["coach"], turn=1, agent="executor", score=score + 1)])
+        write(
+            tmp_path,
+            "coach",
+            phase=phase,
+            rows=[dict(ROWS["coach"], score=score), dict(ROWS["coach"], turn=1, agent="executor", score=score + 1)],
+        )
     write(tmp_path, "advantages")  # only rollout / turn 0 has advantages
 
     df = store.load_actions(tmp_path, phase="rollout")

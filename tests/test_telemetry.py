@@ -5,6 +5,7 @@ processes teamrl starts, a user can opt back in, and `teamrl train` (with its te
 The children run with tests/netguard on PYTHONPATH, which refuses and logs every outbound lookup or
 connection, and without the variables that make libraries keep quiet on their own (a test runner, a CI
 service), so that only teamrl's defaults can switch reporting off."""
+
 import json
 import os
 import subprocess
@@ -21,13 +22,37 @@ from infra.telemetry import OFF
 ROOT = Path(__file__).resolve().parents[1]
 GUARD = ROOT / "tests" / "netguard"
 SELF_QUIET = {  # MLflow's and Prefect's signs of a test or CI environment
-    "PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "JENKINS_URL", "TRAVIS", "TF_BUILD",
-    "BUILDKITE", "TEAMCITY_VERSION", "BITBUCKET_BUILD_NUMBER", "BITBUCKET_COMMIT", "CODEBUILD_BUILD_ARN",
-    "CODEBUILD_BUILD_ID", "CLOUD_RUN_EXECUTION", "RUNBOT_HOST_URL", "RUNBOT_BUILD_NAME", "RUNBOT_WORKER_ID",
-    "DRONE", "SEMAPHORE", "APPVEYOR", "BUDDY", "CI_NAME",
+    "PYTEST_CURRENT_TEST",
+    "CI",
+    "GITHUB_ACTIONS",
+    "GITLAB_CI",
+    "CIRCLECI",
+    "JENKINS_URL",
+    "TRAVIS",
+    "TF_BUILD",
+    "BUILDKITE",
+    "TEAMCITY_VERSION",
+    "BITBUCKET_BUILD_NUMBER",
+    "BITBUCKET_COMMIT",
+    "CODEBUILD_BUILD_ARN",
+    "CODEBUILD_BUILD_ID",
+    "CLOUD_RUN_EXECUTION",
+    "RUNBOT_HOST_URL",
+    "RUNBOT_BUILD_NAME",
+    "RUNBOT_WORKER_ID",
+    "DRONE",
+    "SEMAPHORE",
+    "APPVEYOR",
+    "BUDDY",
+    "CI_NAME",
 }
-OPT_IN = {"DO_NOT_TRACK": "0", "MLFLOW_DISABLE_TELEMETRY": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "true",
-          "HF_HUB_DISABLE_TELEMETRY": "0", "RAY_USAGE_STATS_ENABLED": "1"}
+OPT_IN = {
+    "DO_NOT_TRACK": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "false",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "0",
+    "RAY_USAGE_STATS_ENABLED": "1",
+}
 
 # each library's own verdict, in a process that imports teamrl first, as the CLI and flow runs do
 PROBE = """
@@ -60,8 +85,7 @@ def outbound(log: Path) -> str:
 
 
 def probe(env: dict[str, str]) -> dict[str, bool]:
-    res = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.splitlines()[-1])
 
@@ -80,15 +104,34 @@ def test_reporting_is_off_by_default_and_a_user_can_opt_in(tmp_path):
 def test_train_and_server_connect_nowhere_but_loopback(tmp_path):
     log = tmp_path / "outbound.log"
     env = child_env(log, PREFECT_HOME=str(tmp_path / "prefect"))
-    rc, out = run_in_session([sys.executable, "-m", "flows.cli", "train", "tiny", "--set", f"run.dir={tmp_path / 'runs'}",
-                    "--set", "iterations=1", "--set", "evaluate=false"], env, tmp_path / "train.log")
+    rc, out = run_in_session(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "train",
+            "tiny",
+            "--set",
+            f"run.dir={tmp_path / 'runs'}",
+            "--set",
+            "iterations=1",
+            "--set",
+            "evaluate=false",
+        ],
+        env,
+        tmp_path / "train.log",
+    )
     assert rc == 0, out[-3000:]
     assert "telemetry" not in out.lower(), out[-3000:]  # e.g. "Failed to send telemetry" from the Prefect server
     assert outbound(log) == ""
 
     state, mlflow_port = tmp_path / "server", free_port()
-    env |= {"SERVER_STATE": str(state), "RUNS": str(tmp_path / "runs"), "PREFECT_PORT": str(free_port()),
-            "MLFLOW_PORT": str(mlflow_port)}
+    env |= {
+        "SERVER_STATE": str(state),
+        "RUNS": str(tmp_path / "runs"),
+        "PREFECT_PORT": str(free_port()),
+        "MLFLOW_PORT": str(mlflow_port),
+    }
     script = str(ROOT / "infra" / "server.sh")
     try:
         rc, out = run_in_session([script, "start"], env, tmp_path / "server.log")
@@ -98,7 +141,11 @@ def test_train_and_server_connect_nowhere_but_loopback(tmp_path):
             assert json.load(r)["disable_ui_telemetry"] is True
     finally:
         subprocess.run([script, "stop"], env=env, timeout=120, capture_output=True)
-    said = [line for p in state.glob("*.log") for line in p.read_text().splitlines()
-            if "telemetry" in line.lower() and "/ui-telemetry" not in line]  # not our request's access-log line
+    said = [
+        line
+        for p in state.glob("*.log")
+        for line in p.read_text().splitlines()
+        if "telemetry" in line.lower() and "/ui-telemetry" not in line
+    ]  # not our request's access-log line
     assert said == []
     assert outbound(log) == ""

@@ -1,5 +1,6 @@
 """MLflow tracking (infra/tracking.py): one MLflow run per training run, found again on resume; runs that
 start together on a new store."""
+
 import shutil
 import subprocess
 import sys
@@ -55,8 +56,16 @@ def test_runs_starting_together_on_a_new_store_all_succeed(tmp_path):
     n = 3
     for i in range(n):
         (tmp_path / f"r{i}").mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path), str(i)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTER, str(tmp_path), str(i)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(n)
+    ]
     try:
         while not all((tmp_path / f"ready-{i}").exists() for i in range(n)):
             assert all(p.poll() is None for p in procs), "a process ended before the start line"

@@ -1,4 +1,5 @@
 """Integration: the tiny preset through the real Prefect train flow."""
+
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +78,16 @@ def test_mlflow_has_params_and_metrics(trained_run):
     run = client.get_run((Path(run_dir) / "mlflow_run_id").read_text().strip())
     assert run.info.status == "FINISHED"
     assert run.data.params["algorithm.estimator"] == "reinforce_pp"
-    for key in ("success_rate", "coach_score/solver", "loss/executor", "kl/executor", "skipped/verifier",
-                "rollout_tokens_per_s", "seconds/collect_rollouts", "eval/success_rate"):
+    for key in (
+        "success_rate",
+        "coach_score/solver",
+        "loss/executor",
+        "kl/executor",
+        "skipped/verifier",
+        "rollout_tokens_per_s",
+        "seconds/collect_rollouts",
+        "eval/success_rate",
+    ):
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "success_rate")] == [1, 2]
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
@@ -147,8 +156,21 @@ def test_cli_train_and_runs_show(prefect_harness, tmp_path):
     from flows.cli import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "iterations=1",
-                              "--set", "run.id=cli", "--set", "evaluate=false"])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "tiny",
+            "--set",
+            f"run.dir={tmp_path}",
+            "--set",
+            "iterations=1",
+            "--set",
+            "run.id=cli",
+            "--set",
+            "evaluate=false",
+        ],
+    )
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["runs", "show", "cli", "--dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
@@ -166,8 +188,18 @@ def test_outcome_coach_pass_at_k_and_summary(prefect_harness, tmp_path):
     from flows.report import partition_metrics
     from flows.train import train
 
-    run_dir = Path(train(config=tiny_config(tmp_path, "coach.backend=outcome", "iterations=1", "algorithm.kl_coef=0",
-                                            "rollout.eval_samples=2", "pipeline.eval_size=4")))
+    run_dir = Path(
+        train(
+            config=tiny_config(
+                tmp_path,
+                "coach.backend=outcome",
+                "iterations=1",
+                "algorithm.kl_coef=0",
+                "rollout.eval_samples=2",
+                "pipeline.eval_size=4",
+            )
+        )
+    )
     df = store.load_actions(run_dir, phase="rollout")
     eps = store.load_episodes(run_dir, phase="rollout").set_index("episode_id")["outcome"]
     assert (df["score"].to_numpy() == 10.0 * eps.loc[df["episode_id"]].to_numpy()).all()
@@ -203,8 +235,9 @@ def test_teamtr_resamples_with_the_partially_updated_team(teamtr_run):
     up = up[~up["skipped"]]
     # the trust region holds, and the certificate is the gain minus the penalty (tasks/certificate.py)
     assert (up["kl"].astype(float) <= 0.05).all()
-    np.testing.assert_allclose(up["certificate"].astype(float),
-                               up["surrogate_gain"].astype(float) - up["penalty"].astype(float), rtol=1e-9)
+    np.testing.assert_allclose(
+        up["certificate"].astype(float), up["surrogate_gain"].astype(float) - up["penalty"].astype(float), rtol=1e-9
+    )
     assert (up["penalty"].astype(float) >= 0).all()
 
 
@@ -230,8 +263,9 @@ def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_h
 
     from flows.train import train
 
-    run_dir = train(config=tiny_config(tmp_path / "stale", "iterations=1", "evaluate=false",
-                                       "algorithm.strategy=stale"))
+    run_dir = train(
+        config=tiny_config(tmp_path / "stale", "iterations=1", "evaluate=false", "algorithm.strategy=stale")
+    )
     up = store.read_table(run_dir, "updates")
     assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
     assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}

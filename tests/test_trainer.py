@@ -1,4 +1,5 @@
 """The torch trainer: micro-batching changes memory, not the update; non-finite steps are refused."""
+
 from functools import partial
 
 import pytest
@@ -20,8 +21,19 @@ def _gradient(policy, items, micro):
     """One minibatch step with lr = 0: the weights stay put and .grad holds the minibatch gradient."""
     for p in policy.parameters("a"):  # the same adapter weights for every call
         torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
-    res, _ = train_agent(policy, "a", items, partial(ppo_clip_loss, clip_eps=0.2), lr=0.0, weight_decay=0.0,
-                         epochs=1, minibatch_size=len(items), max_grad_norm=1e9, seed=0, micro_batch_size=micro)
+    res, _ = train_agent(
+        policy,
+        "a",
+        items,
+        partial(ppo_clip_loss, clip_eps=0.2),
+        lr=0.0,
+        weight_decay=0.0,
+        epochs=1,
+        minibatch_size=len(items),
+        max_grad_norm=1e9,
+        seed=0,
+        micro_batch_size=micro,
+    )
     return res, [p.grad.detach().clone() for p in policy.parameters("a")]
 
 
@@ -40,8 +52,10 @@ def test_a_group_shares_its_prompt_forward_and_gets_the_same_gradient(policy):
     """G samples of one prompt: micro-batches put them together (by_prompt) and response_logits runs the
     prompt once for them; the minibatch gradient equals scoring each sample on its own."""
     base = train_items()
-    items = [TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
-             for i, it in enumerate(base)]  # two groups of three, interleaved
+    items = [
+        TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
+        for i, it in enumerate(base)
+    ]  # two groups of three, interleaved
     assert [it.prompt_ids for it in by_prompt(items)] == [base[0].prompt_ids] * 3 + [base[1].prompt_ids] * 3
     res_one, one = _gradient(policy, items, micro=1)
     res_shared, shared = _gradient(policy, items, micro=3)
@@ -52,8 +66,10 @@ def test_a_group_shares_its_prompt_forward_and_gets_the_same_gradient(policy):
 
 def test_batch_logprobs_keep_the_items_order_when_prompts_are_grouped(policy):
     base = train_items(4)
-    items = [TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
-             for i, it in enumerate(base)]  # prompts A B A B: scored as A A, B B
+    items = [
+        TrainItem(base[i % 2].prompt_ids, it.response_ids, it.old_logprobs, it.advantages, it.mask)
+        for i, it in enumerate(base)
+    ]  # prompts A B A B: scored as A A, B B
     new, old, adv, mask = batch_logprobs(policy, "a", items, micro_batch_size=2)
     for row, it in zip(range(4), items):
         alone, *_ = batch_logprobs(policy, "a", [it])
@@ -71,8 +87,9 @@ def test_non_finite_loss_skips_and_restores(policy):
     for p in policy.parameters("a"):
         torch.nn.init.normal_(p, std=0.02)
     before = [p.detach().clone() for p in policy.parameters("a")]
-    res, state = train_agent(policy, "a", items, nan_loss, lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2,
-                             max_grad_norm=1.0, seed=0)
+    res, state = train_agent(
+        policy, "a", items, nan_loss, lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0
+    )
     assert res.skipped and state is None and "non-finite" in res.reason
     for a, b in zip(before, policy.parameters("a")):
         assert torch.equal(a, b)

@@ -1,5 +1,6 @@
 """TeamTR's trust region (tasks/trust_region.py) against hand-computed values, the update order / resample hook,
 and the backtracking line search on the tiny model."""
+
 import math
 from functools import partial
 
@@ -54,9 +55,16 @@ def policy():
 def _batch(policy):
     """Sampled-looking items whose old log-probs are the policy's own (so KL starts at 0)."""
     g = torch.Generator().manual_seed(1)
-    items = [TrainItem(torch.randint(10, 1000, (6,), generator=g).tolist(),
-                       torch.randint(10, 1000, (4,), generator=g).tolist(), [0.0] * 4,
-                       torch.randn(4, generator=g).tolist(), [1] * 4) for _ in range(4)]
+    items = [
+        TrainItem(
+            torch.randint(10, 1000, (6,), generator=g).tolist(),
+            torch.randint(10, 1000, (4,), generator=g).tolist(),
+            [0.0] * 4,
+            torch.randn(4, generator=g).tolist(),
+            [1] * 4,
+        )
+        for _ in range(4)
+    ]
     new, *_ = batch_logprobs(policy, "a", items)
     for it, lp in zip(items, new):
         it.old_logprobs = lp[:4].tolist()
@@ -67,8 +75,18 @@ def _train(policy, items, lr):
     for p in policy.parameters("a"):
         torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
     start = [p.detach().clone() for p in policy.parameters("a")]
-    train_agent(policy, "a", items, partial(ppo_clip_loss, clip_eps=10.0), lr=lr, weight_decay=0.0, epochs=3,
-                minibatch_size=4, max_grad_norm=1e9, seed=0)
+    train_agent(
+        policy,
+        "a",
+        items,
+        partial(ppo_clip_loss, clip_eps=10.0),
+        lr=lr,
+        weight_decay=0.0,
+        epochs=3,
+        minibatch_size=4,
+        max_grad_norm=1e9,
+        seed=0,
+    )
     return start
 
 

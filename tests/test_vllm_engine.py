@@ -1,6 +1,7 @@
 """The `vllm` generation engine, checked on a CPU: request translation (sampling parameters, one LoRA
 adapter per agent, our log-prob convention), adapter versions after an update, response translation,
 and the whole engine against a fake `vllm` module."""
+
 from __future__ import annotations
 
 import sys
@@ -27,7 +28,6 @@ from infra.engines.vllm import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 # -- vLLM: request translation -----------------------------------------------------------------------
 def _req(**kw):
     return GenerationRequest("solver", [[1, 2, 3], [1, 2, 3], [4]], 16, **kw)
@@ -41,8 +41,11 @@ def test_sampled_requests_get_temperature_logprobs_and_a_seed_per_prompt():
         assert kw["stop_token_ids"] == [2] and kw["detokenize"] is False and kw["top_p"] == 1.0
         assert "top_k" not in kw  # left at vLLM's default: off in every version
     assert [kw["seed"] for kw in kws] == [41, 42, 43]  # a GRPO group's duplicated prompts sample differently
-    assert prompt_inputs(_req()) == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [1, 2, 3]},
-                                     {"prompt_token_ids": [4]}]
+    assert prompt_inputs(_req()) == [
+        {"prompt_token_ids": [1, 2, 3]},
+        {"prompt_token_ids": [1, 2, 3]},
+        {"prompt_token_ids": [4]},
+    ]
 
 
 def test_greedy_requests_are_temperature_zero_without_seed():
@@ -61,8 +64,14 @@ def test_llm_is_built_for_our_logprob_convention_and_one_adapter_per_agent():
     assert kw["generation_config"] == "vllm"  # no sampling defaults or stop tokens from the model's files
     assert kw["enable_lora"] and kw["max_loras"] == 3 and kw["max_lora_rank"] == 16 and kw["seed"] == 3
     assert "max_model_len" not in kw
-    kw = llm_kwargs("m", "bfloat16", 0, VLLMConfig(max_loras=1, max_lora_rank=64, max_model_len=4096,
-                                                   enable_sleep_mode=True), n_agents=3, lora_rank=16)
+    kw = llm_kwargs(
+        "m",
+        "bfloat16",
+        0,
+        VLLMConfig(max_loras=1, max_lora_rank=64, max_model_len=4096, enable_sleep_mode=True),
+        n_agents=3,
+        lora_rank=16,
+    )
     assert kw["max_loras"] == 1 and kw["max_lora_rank"] == 64 and kw["max_model_len"] == 4096
     assert kw["enable_sleep_mode"] is True
 
@@ -87,8 +96,11 @@ def test_adapter_versions_get_new_ids_and_names_and_retire_the_old():
     a2b = t.point("solver", "/run/checkpoints/solver/v0002", stamp=12)  # the same folder rewritten
     assert a2b.int_id == 4
     assert t.take_retired() == [1, 3] and t.take_retired() == []
-    assert a2b.lora_request_kwargs() == {"lora_name": a2b.name, "lora_int_id": 4,
-                                         "lora_path": "/run/checkpoints/solver/v0002"}
+    assert a2b.lora_request_kwargs() == {
+        "lora_name": a2b.name,
+        "lora_int_id": 4,
+        "lora_path": "/run/checkpoints/solver/v0002",
+    }
 
 
 # -- vLLM: response translation ----------------------------------------------------------------------
@@ -131,8 +143,10 @@ def test_bad_completions_are_refused_with_a_reason():
 
 def test_outputs_map_back_to_prompts_in_order():
     req = GenerationRequest("a", [[1], [2, 3]], 4)
-    outs = [types.SimpleNamespace(prompt_token_ids=[1], outputs=[_completion([9])]),
-            types.SimpleNamespace(prompt_token_ids=[2, 3], outputs=[_completion([8, 7], "length")])]
+    outs = [
+        types.SimpleNamespace(prompt_token_ids=[1], outputs=[_completion([9])]),
+        types.SimpleNamespace(prompt_token_ids=[2, 3], outputs=[_completion([8, 7], "length")]),
+    ]
     gens = to_generations(req, outs, str)
     assert [g.response_ids for g in gens] == [[9], [8, 7]] and [g.truncated for g in gens] == [False, True]
     with pytest.raises(RuntimeError, match="not in prompt order"):
@@ -153,10 +167,13 @@ class FakeLLM:
     def generate(self, prompts, params, lora_request=None, use_tqdm=True):
         self.calls.append((prompts, params, lora_request))
         self.events.append("generate")
-        return [types.SimpleNamespace(prompt_token_ids=p["prompt_token_ids"],
-                                      outputs=[_completion([10 + i, 2] if i % 2 == 0 else [10 + i, 11],
-                                                           "stop" if i % 2 == 0 else "length")])
-                for i, p in enumerate(prompts)]
+        return [
+            types.SimpleNamespace(
+                prompt_token_ids=p["prompt_token_ids"],
+                outputs=[_completion([10 + i, 2] if i % 2 == 0 else [10 + i, 11], "stop" if i % 2 == 0 else "length")],
+            )
+            for i, p in enumerate(prompts)
+        ]
 
     def sleep(self, level):
         self.events.append(f"sleep{level}")
@@ -214,8 +231,9 @@ def test_vllm_engine_serves_a_shared_model_one_adapter(fake_vllm, tmp_path):
     from infra.models import ModelConfig
 
     mcfg = ModelConfig(name="Qwen/Qwen3-4B-Instruct-2507", lora_rank=16)
-    eng = VLLMGeneration(_team({"system2": "shared", "system1": "shared"}), mcfg,
-                         EnginesConfig(generation="vllm"), ["shared"], 0)
+    eng = VLLMGeneration(
+        _team({"system2": "shared", "system1": "shared"}), mcfg, EnginesConfig(generation="vllm"), ["shared"], 0
+    )
     assert fake_vllm.instances[0].kwargs["max_loras"] == 1
     v1 = _checkpoint(tmp_path, "shared", 1)
     eng.use(tmp_path, {"system2": 1, "system1": 1})
@@ -272,7 +290,4 @@ def test_vllm_engine_refuses_full_weights(fake_vllm):
     from infra.models import ModelConfig
 
     with pytest.raises(ValueError, match="model.weights=lora"):
-        VLLMGeneration(_team(), ModelConfig(name="m", weights="full"),
-                       EnginesConfig(generation="vllm"), ["a"], 0)
-
-
+        VLLMGeneration(_team(), ModelConfig(name="m", weights="full"), EnginesConfig(generation="vllm"), ["a"], 0)

@@ -11,6 +11,7 @@ The table holds module paths, not classes: resolving a name imports only that en
 engine module imports its GPU library only when an engine is built. So the CPU install never imports
 vllm or deepspeed, and asking for one that is not installed fails with a message naming the extra.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineSpec:
-    target: str                 # "module:Class"
-    requires: tuple[str, ...]   # top-level packages the engine imports when built
-    extra: str | None = None    # the pyproject extra that installs them
+    target: str  # "module:Class"
+    requires: tuple[str, ...]  # top-level packages the engine imports when built
+    extra: str | None = None  # the pyproject extra that installs them
 
 
 REGISTRY: dict[str, dict[str, EngineSpec]] = {
@@ -57,8 +58,10 @@ def engine_class(kind: str, name: str) -> type:
     spec = _spec(kind, name)
     if missing := missing_packages(kind, name):
         hint = f"pip install -e .[{spec.extra}]" if spec.extra else f"pip install {' '.join(missing)}"
-        raise EngineUnavailable(f"{kind} engine {name!r} needs {', '.join(missing)}, which is not installed here: "
-                                f"`{hint}` on a machine with a GPU (README: GPUs: vLLM, DeepSpeed ZeRO-3)")
+        raise EngineUnavailable(
+            f"{kind} engine {name!r} needs {', '.join(missing)}, which is not installed here: "
+            f"`{hint}` on a machine with a GPU (README: GPUs: vLLM, DeepSpeed ZeRO-3)"
+        )
     module, cls = spec.target.split(":")
     return getattr(importlib.import_module(module), cls)
 

@@ -1,4 +1,5 @@
 """The `engines` section of the run config: which generation engine and trainer, and their knobs."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -14,14 +15,20 @@ class RayConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    address: str = Field("auto", description="Ray cluster to join: `auto` (the cluster `ray start` made on this "
-                         "machine), `HOST:PORT` of the head node, or `local` (start a private one-node Ray)")
+    address: str = Field(
+        "auto",
+        description="Ray cluster to join: `auto` (the cluster `ray start` made on this "
+        "machine), `HOST:PORT` of the head node, or `local` (start a private one-node Ray)",
+    )
     rollout_workers: int = Field(2, ge=1, le=1024, description="rollout actors, each holding the team's model")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves per actor")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs Ray reserves per actor (fractions share one GPU)")
-    placement: str = Field("spread", pattern="^(spread|strict_spread|pack)$",
-                           description="placement group strategy: spread (over nodes when possible), "
-                           "strict_spread (one worker per node, fails if too few nodes) or pack")
+    placement: str = Field(
+        "spread",
+        pattern="^(spread|strict_spread|pack)$",
+        description="placement group strategy: spread (over nodes when possible), "
+        "strict_spread (one worker per node, fails if too few nodes) or pack",
+    )
 
 
 class EnginesConfig(BaseModel):
@@ -29,27 +36,46 @@ class EnginesConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    generation: Literal["hf", "vllm"] = Field("hf", description="generation engine: `hf` (transformers generate on "
-                                              "the team's model) or `vllm` (vLLM, one LoRA adapter per agent; GPU, "
-                                              "`pip install -e .[gpu]`)")
-    trainer: Literal["torch", "deepspeed"] = Field("torch", description="trainer: `torch` (plain PyTorch + AdamW) or "
-                                                   "`deepspeed` (the same loss and AdamW under DeepSpeed ZeRO; GPU, "
-                                                   "`pip install -e .[gpu]`)")
-    runner: Literal["local", "ray"] = Field("local", description="where rollouts run: `local` (this process) or "
-                                            "`ray` (long-lived rollout actors on a Ray cluster, `engines.ray`; "
-                                            "`pip install -e .[ray]`)")
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="torch device of the team's model (the "
-                        "`hf` engine, the reference pass, the trainer): `cpu`, `cuda` or `cuda:N`")
+    generation: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="generation engine: `hf` (transformers generate on "
+        "the team's model) or `vllm` (vLLM, one LoRA adapter per agent; GPU, "
+        "`pip install -e .[gpu]`)",
+    )
+    trainer: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        description="trainer: `torch` (plain PyTorch + AdamW) or "
+        "`deepspeed` (the same loss and AdamW under DeepSpeed ZeRO; GPU, "
+        "`pip install -e .[gpu]`)",
+    )
+    runner: Literal["local", "ray"] = Field(
+        "local",
+        description="where rollouts run: `local` (this process) or "
+        "`ray` (long-lived rollout actors on a Ray cluster, `engines.ray`; "
+        "`pip install -e .[ray]`)",
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="torch device of the team's model (the "
+        "`hf` engine, the reference pass, the trainer): `cpu`, `cuda` or `cuda:N`",
+    )
     batch_size: int = Field(16, ge=1, description="sequences per generate / forward call")
-    fold_adapter: bool = Field(True, description="`hf` engine: generate with the acting agent's LoRA adapter folded "
-                               "into the base weights for the call (about 0.85x the time of the adapter beside every "
-                               "layer on SmolLM2-135M), at the cost of one extra copy of the adapted weights while "
-                               "it lasts (+0.4 GiB there); false: the adapter beside every layer, no extra memory")
+    fold_adapter: bool = Field(
+        True,
+        description="`hf` engine: generate with the acting agent's LoRA adapter folded "
+        "into the base weights for the call (about 0.85x the time of the adapter beside every "
+        "layer on SmolLM2-135M), at the cost of one extra copy of the adapted weights while "
+        "it lasts (+0.4 GiB there); false: the adapter beside every layer, no extra memory",
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default)")
-    rescore_logprobs: bool = Field(False, description="replace the generation engine's log-probs of training "
-                                   "rollouts by the trainer model's own (one extra forward per action), so the first "
-                                   "PPO ratio is exactly 1 despite kernel differences between vLLM and the trainer; "
-                                   "the mean gap is logged as `episode/logprob_gap`")
+    rescore_logprobs: bool = Field(
+        False,
+        description="replace the generation engine's log-probs of training "
+        "rollouts by the trainer model's own (one extra forward per action), so the first "
+        "PPO ratio is exactly 1 despite kernel differences between vLLM and the trainer; "
+        "the mean gap is logged as `episode/logprob_gap`",
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="the `vllm` generation engine's knobs")
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="the `deepspeed` trainer's knobs")
     ray: RayConfig = Field(default_factory=RayConfig, description="the `ray` runner's cluster and rollout workers")

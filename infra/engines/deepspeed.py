@@ -18,6 +18,7 @@ ZeRO-3 leaves large parameters partitioned after the engine is gone: the trainer
 The run's process is one rank (rank 0 of 1, on `engines.device`) unless a launcher set the
 torch.distributed variables. deepspeed is imported when an update runs, never on import.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,7 @@ class _AgentModule(torch.nn.Module):
 
     def forward(self, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
         with self._policy.acting(self._agent) as model:
-            return response_logprobs(model, prompts, responses, self._policy.tokenizer.pad_token_id,
-                                     self._temperature)
+            return response_logprobs(model, prompts, responses, self._policy.tokenizer.pad_token_id, self._temperature)
 
 
 @contextmanager
@@ -78,11 +78,15 @@ def _init_distributed(device: str) -> None:
     index = int(device.split(":")[1]) if ":" in device else 0
     os.environ.update(single_process_env(os.environ, free_port(), local_rank=index))
     if int(os.environ["WORLD_SIZE"]) != 1:
-        raise RuntimeError("the deepspeed trainer runs in the flow's own process (one rank); several ranks "
-                           f"(WORLD_SIZE={os.environ['WORLD_SIZE']}) are not supported yet")
+        raise RuntimeError(
+            "the deepspeed trainer runs in the flow's own process (one rank); several ranks "
+            f"(WORLD_SIZE={os.environ['WORLD_SIZE']}) are not supported yet"
+        )
     if int(os.environ["LOCAL_RANK"]) != index:
-        raise RuntimeError(f"LOCAL_RANK={os.environ['LOCAL_RANK']} but engines.device={device}: DeepSpeed would "
-                           "move the trained weights to another GPU than the model's")
+        raise RuntimeError(
+            f"LOCAL_RANK={os.environ['LOCAL_RANK']} but engines.device={device}: DeepSpeed would "
+            "move the trained weights to another GPU than the model's"
+        )
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
@@ -138,20 +142,40 @@ class DeepSpeedTrainer:
             elif saved.get("zero_stage") != self.cfg.zero_stage or saved.get("layout") != _layout(inner):
                 why = "has another ZeRO stage or parameter layout"
             if why:
-                warnings.warn(f"{path} {why}; the deepspeed trainer starts with fresh AdamW moments", RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(
+                    f"{path} {why}; the deepspeed trainer starts with fresh AdamW moments", RuntimeWarning, stacklevel=3
+                )
                 return
             inner.load_state_dict(saved["state"])
 
     def _moments(self, ds_optimizer) -> dict:
         with optimizer_view(ds_optimizer) as inner:
-            return {"trainer": FORMAT, "zero_stage": self.cfg.zero_stage, "layout": _layout(inner),
-                    "state": _to_cpu(inner.state_dict())}
+            return {
+                "trainer": FORMAT,
+                "zero_stage": self.cfg.zero_stage,
+                "layout": _layout(inner),
+                "state": _to_cpu(inner.state_dict()),
+            }
 
-    def train(self, policy, agent: str, items: list[TrainItem], loss_fn: Callable, *, lr: float,
-              weight_decay: float, epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
-              optimizer_state: Path | None = None, temperature: float = 1.0, micro_batch_size: int = 2,
-              kl_stop: float | None = None, on_step: Callable[[], None] | None = None) -> tuple[TrainResult, dict | None]:
+    def train(
+        self,
+        policy,
+        agent: str,
+        items: list[TrainItem],
+        loss_fn: Callable,
+        *,
+        lr: float,
+        weight_decay: float,
+        epochs: int,
+        minibatch_size: int,
+        max_grad_norm: float,
+        seed: int,
+        optimizer_state: Path | None = None,
+        temperature: float = 1.0,
+        micro_batch_size: int = 2,
+        kl_stop: float | None = None,
+        on_step: Callable[[], None] | None = None,
+    ) -> tuple[TrainResult, dict | None]:
         """infra.trainer.train_agent's contract; the returned optimizer state is this trainer's format."""
         import deepspeed
 
@@ -166,16 +190,21 @@ class DeepSpeedTrainer:
         bf16 = all(p.dtype == torch.bfloat16 for p in params)
         module = _AgentModule(policy, agent, temperature)
         opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
-        config = build_zero_config(self.cfg, micro_batch_size=micro_batch_size, max_grad_norm=max_grad_norm,
-                                   bf16=bf16)
+        config = build_zero_config(self.cfg, micro_batch_size=micro_batch_size, max_grad_norm=max_grad_norm, bf16=bf16)
         engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config)
 
         def restore(what: str) -> tuple[TrainResult, None]:
             with torch.no_grad(), policy.materialized(agent, modify=True):
                 for p, b in zip(params, backup):
                     p.copy_(b)
-            return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True,
-                               f"non-finite {what}; update skipped, weights restored", {}), None
+            return TrainResult(
+                float("nan"),
+                tokens,
+                time.perf_counter() - t0,
+                True,
+                f"non-finite {what}; update skipped, weights restored",
+                {},
+            ), None
 
         def forward(micro, last):
             engine.set_gradient_accumulation_boundary(last)
@@ -207,5 +236,6 @@ class DeepSpeedTrainer:
             engine.destroy()
             engine = None  # drops the last reference to the engine and its buffers
         stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
-        return TrainResult(float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "",
-                           stats), state
+        return TrainResult(
+            float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "", stats
+        ), state

@@ -2,6 +2,7 @@
 the acting agent's adapter switched on (folded into the base weights for the call unless
 `engines.fold_adapter` is false). The CPU default; it shares the weights the trainer updates, so a
 checkpoint loaded into the team (TeamPolicy.load) is what it serves."""
+
 from __future__ import annotations
 
 import torch
@@ -24,10 +25,17 @@ class HFGeneration:
     def generate(self, request: GenerationRequest) -> list[Generation]:
         torch.manual_seed(request.seed)
         with self.weights(request.agent) as model:
-            return generate(model, self.policy.tokenizer, request.prompts, request.max_new_tokens,
-                            temperature=request.temperature, greedy=request.greedy, batch_size=self.batch_size,
-                            stop_ids=list(request.stop_ids) if request.stop_ids else None,
-                            stop_strings=request.stop_strings)
+            return generate(
+                model,
+                self.policy.tokenizer,
+                request.prompts,
+                request.max_new_tokens,
+                temperature=request.temperature,
+                greedy=request.greedy,
+                batch_size=self.batch_size,
+                stop_ids=list(request.stop_ids) if request.stop_ids else None,
+                stop_strings=request.stop_strings,
+            )
 
     def sleep(self) -> None:
         pass

@@ -5,6 +5,7 @@ The coach (tasks/coach.py) scores through this interface, so where the calls run
 here; a pool of remote workers later) without touching the coach. Each call handles its own errors
 and retries (the coach never raises from a score), so the pool only bounds concurrency and keeps order.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -27,6 +28,7 @@ class ClientPool:
         items = list(items)
         if not items:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(items)),
-                                thread_name_prefix="teamrl-client") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(self.max_concurrency, len(items)), thread_name_prefix="teamrl-client"
+        ) as pool:
             return list(pool.map(fn, items))

@@ -1,4 +1,5 @@
 """The `torch` trainer: plain PyTorch + AdamW on the team's model (infra/trainer.py's train_agent)."""
+
 from __future__ import annotations
 
 from infra.trainer import train_agent

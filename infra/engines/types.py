@@ -3,6 +3,7 @@
 Plain dataclasses and Protocols (no torch import), so pipelines, tasks and the pure vLLM translation
 can use them without pulling in an engine.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Protocol
 class Generation:
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: list[float]   # of each response token under the sampling distribution, softmax(logits / T)
+    logprobs: list[float]  # of each response token under the sampling distribution, softmax(logits / T)
     text: str
     truncated: bool  # hit max_new_tokens without an end-of-turn token
 
@@ -63,9 +64,24 @@ class Trainer(Protocol):
 
     name: str
 
-    def train(self, policy, agent: str, items: list, loss_fn: Callable, *, lr: float, weight_decay: float,
-              epochs: int, minibatch_size: int, max_grad_norm: float, seed: int,
-              optimizer_state: Path | None = None, temperature: float = 1.0, micro_batch_size: int = 2,
-              kl_stop: float | None = None, on_step: Callable[[], None] | None = None) -> tuple:
+    def train(
+        self,
+        policy,
+        agent: str,
+        items: list,
+        loss_fn: Callable,
+        *,
+        lr: float,
+        weight_decay: float,
+        epochs: int,
+        minibatch_size: int,
+        max_grad_norm: float,
+        seed: int,
+        optimizer_state: Path | None = None,
+        temperature: float = 1.0,
+        micro_batch_size: int = 2,
+        kl_stop: float | None = None,
+        on_step: Callable[[], None] | None = None,
+    ) -> tuple:
         """(TrainResult, optimizer state to save with the checkpoint, or None when the update was skipped);
         the contract of infra.trainer.train_agent."""

@@ -26,6 +26,7 @@ its current folder; a folder not served before gets a new `lora_int_id` and name
 new weights (it caches adapters by id and compares requests by name) and never serves stale KV-cache
 blocks of the old version; the old id is dropped from vLLM's cache.
 """
+
 from __future__ import annotations
 
 import gc
@@ -47,20 +48,34 @@ class VLLMConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpu_memory_utilization: float = Field(0.35, gt=0, le=0.95, description="fraction of the GPU's memory vLLM "
-                                          "takes (weights + KV cache); the rest stays for the trainer's copy of the "
-                                          "model on the same GPU")
-    max_loras: int | None = Field(None, ge=1, description="adapters vLLM holds on the GPU at once (None: one per "
-                                  "agent)")
-    max_lora_rank: int | None = Field(None, ge=1, le=512, description="largest LoRA rank served (None: "
-                                      "model.lora_rank, rounded up to a rank vLLM supports)")
-    max_model_len: int | None = Field(None, ge=64, description="context length vLLM plans its KV cache for (None: "
-                                      "the model's; smaller saves memory)")
+    gpu_memory_utilization: float = Field(
+        0.35,
+        gt=0,
+        le=0.95,
+        description="fraction of the GPU's memory vLLM "
+        "takes (weights + KV cache); the rest stays for the trainer's copy of the "
+        "model on the same GPU",
+    )
+    max_loras: int | None = Field(
+        None, ge=1, description="adapters vLLM holds on the GPU at once (None: one per agent)"
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="largest LoRA rank served (None: model.lora_rank, rounded up to a rank vLLM supports)",
+    )
+    max_model_len: int | None = Field(
+        None, ge=64, description="context length vLLM plans its KV cache for (None: the model's; smaller saves memory)"
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM instance shards the model over")
     enforce_eager: bool = Field(False, description="no CUDA graphs / torch.compile: starts faster, generates slower")
-    enable_sleep_mode: bool = Field(False, description="while an agent is updated, vLLM offloads its weights to "
-                                    "CPU memory and drops its KV cache (sleep level 1), woken before the next "
-                                    "rollout: frees GPU memory for the trainer when both share one GPU")
+    enable_sleep_mode: bool = Field(
+        False,
+        description="while an agent is updated, vLLM offloads its weights to "
+        "CPU memory and drops its KV cache (sleep level 1), woken before the next "
+        "rollout: frees GPU memory for the trainer when both share one GPU",
+    )
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -73,17 +88,24 @@ def vllm_lora_rank(rank: int) -> int:
 
 def llm_kwargs(model: str, dtype: str, seed: int, cfg: VLLMConfig, n_agents: int, lora_rank: int) -> dict:
     """Keyword arguments of `vllm.LLM(...)`."""
-    out = {"model": model, "tokenizer": model, "dtype": dtype, "seed": seed,
-           "enable_lora": True, "max_loras": cfg.max_loras or n_agents,
-           "max_lora_rank": vllm_lora_rank(cfg.max_lora_rank or lora_rank),
-           "max_cpu_loras": 2 * (cfg.max_loras or n_agents),  # room for the versions being swapped in
-           "gpu_memory_utilization": cfg.gpu_memory_utilization,
-           "tensor_parallel_size": cfg.tensor_parallel_size, "enforce_eager": cfg.enforce_eager,
-           "enable_sleep_mode": cfg.enable_sleep_mode,
-           "logprobs_mode": LOGPROBS_MODE,
-           # no sampling defaults or extra stop tokens from the model's generation_config.json: the
-           # request says everything, as with the `hf` engine
-           "generation_config": "vllm"}
+    out = {
+        "model": model,
+        "tokenizer": model,
+        "dtype": dtype,
+        "seed": seed,
+        "enable_lora": True,
+        "max_loras": cfg.max_loras or n_agents,
+        "max_lora_rank": vllm_lora_rank(cfg.max_lora_rank or lora_rank),
+        "max_cpu_loras": 2 * (cfg.max_loras or n_agents),  # room for the versions being swapped in
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "enforce_eager": cfg.enforce_eager,
+        "enable_sleep_mode": cfg.enable_sleep_mode,
+        "logprobs_mode": LOGPROBS_MODE,
+        # no sampling defaults or extra stop tokens from the model's generation_config.json: the
+        # request says everything, as with the `hf` engine
+        "generation_config": "vllm",
+    }
     if cfg.max_model_len:
         out["max_model_len"] = cfg.max_model_len
     return out
@@ -93,14 +115,19 @@ def sampling_kwargs(req: GenerationRequest, stop_ids: Sequence[int]) -> list[dic
     """`SamplingParams(**kw)` per prompt: greedy = temperature 0 (vLLM's greedy; no seed needed),
     sampled = temperature T with top-k / top-p off and its own seed per prompt. Stop strings need
     vLLM's detokenizer and stay in the output, as with the `hf` engine."""
-    base = {"n": 1, "max_tokens": req.max_new_tokens, "logprobs": 0, "stop_token_ids": sorted(stop_ids),
-            "detokenize": bool(req.stop_strings), "top_p": 1.0}
+    base = {
+        "n": 1,
+        "max_tokens": req.max_new_tokens,
+        "logprobs": 0,
+        "stop_token_ids": sorted(stop_ids),
+        "detokenize": bool(req.stop_strings),
+        "top_p": 1.0,
+    }
     if req.stop_strings:
         base |= {"stop": list(req.stop_strings), "include_stop_str_in_output": True}
     if req.greedy:
         return [base | {"temperature": 0.0} for _ in req.prompts]
-    return [base | {"temperature": req.temperature, "seed": (req.seed + i) % SEED_MOD}
-            for i in range(len(req.prompts))]
+    return [base | {"temperature": req.temperature, "seed": (req.seed + i) % SEED_MOD} for i in range(len(req.prompts))]
 
 
 def prompt_inputs(req: GenerationRequest) -> list[dict]:
@@ -184,9 +211,13 @@ def to_generation(prompt_ids: Sequence[int], completion, decode: Callable[[list[
     if finish not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a request with finish_reason={finish!r}")
     ids = [int(t) for t in _field(completion, "token_ids")]
-    return Generation(prompt_ids=list(prompt_ids), response_ids=ids,
-                      logprobs=sampled_logprobs(ids, _field(completion, "logprobs")),
-                      text=decode(ids), truncated=finish == "length")
+    return Generation(
+        prompt_ids=list(prompt_ids),
+        response_ids=ids,
+        logprobs=sampled_logprobs(ids, _field(completion, "logprobs")),
+        text=decode(ids),
+        truncated=finish == "length",
+    )
 
 
 def to_generations(req: GenerationRequest, outputs: Sequence, decode: Callable[[list[int]], str]) -> list[Generation]:
@@ -208,8 +239,10 @@ def serving_path(model_name: str) -> str:
     from infra.models import SMOLLM2, smollm2_dir
 
     if model_name == "tiny":
-        raise ValueError("engines.generation=vllm cannot serve model.name=tiny (a random model built in memory); "
-                         "use a Hugging Face id, a local folder or smollm2-135m-instruct")
+        raise ValueError(
+            "engines.generation=vllm cannot serve model.name=tiny (a random model built in memory); "
+            "use a Hugging Face id, a local folder or smollm2-135m-instruct"
+        )
     return str(smollm2_dir()) if model_name == SMOLLM2 else model_name
 
 
@@ -226,8 +259,11 @@ class VLLMGeneration:
         self.cfg = engines.vllm
         self.tokenizer, self.unit = policy.tokenizer, policy.unit  # an agent's adapter is its weights unit's
         self.stop_ids = (self.tokenizer.eos_token_id,)
-        self.llm = LLM(**llm_kwargs(serving_path(model_cfg.name), model_cfg.dtype, seed, self.cfg, len(agents),
-                                    model_cfg.lora_rank))
+        self.llm = LLM(
+            **llm_kwargs(
+                serving_path(model_cfg.name), model_cfg.dtype, seed, self.cfg, len(agents), model_cfg.lora_rank
+            )
+        )
         self.adapters = AdapterTable()
         self.asleep = False
 
@@ -287,4 +323,3 @@ class VLLMGeneration:
                 pass
         del llm
         gc.collect()
-

@@ -2,6 +2,7 @@
 
 Pure (no deepspeed or torch import) so the CPU tests check what a GPU run would be given.
 """
+
 from __future__ import annotations
 
 import socket
@@ -18,16 +19,27 @@ class DeepSpeedConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage: 0 (plain data parallel), 1 (optimizer "
-                                            "state partitioned), 2 (+ gradients), 3 (+ the trained parameters)")
-    offload_optimizer: Literal["none", "cpu"] = Field("none", description="keep the optimizer state (and the "
-                                                      "fp32 master weights) in CPU memory (stages 1-3)")
-    offload_param: Literal["none", "cpu"] = Field("none", description="keep the partitioned trained parameters in "
-                                                  "CPU memory between uses (stage 3 only)")
-    overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass (helps with "
-                               "several GPUs, costs buffer memory)")
-    param_persistence_threshold: int = Field(100_000, ge=0, description="stage 3: parameters with fewer elements "
-                                             "than this are never partitioned (LoRA matrices usually are below)")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        3,
+        description="ZeRO stage: 0 (plain data parallel), 1 (optimizer "
+        "state partitioned), 2 (+ gradients), 3 (+ the trained parameters)",
+    )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none", description="keep the optimizer state (and the fp32 master weights) in CPU memory (stages 1-3)"
+    )
+    offload_param: Literal["none", "cpu"] = Field(
+        "none", description="keep the partitioned trained parameters in CPU memory between uses (stage 3 only)"
+    )
+    overlap_comm: bool = Field(
+        False,
+        description="overlap gradient reduction with the backward pass (helps with several GPUs, costs buffer memory)",
+    )
+    param_persistence_threshold: int = Field(
+        100_000,
+        ge=0,
+        description="stage 3: parameters with fewer elements "
+        "than this are never partitioned (LoRA matrices usually are below)",
+    )
 
     @model_validator(mode="after")
     def _stage_fits(self):
@@ -38,8 +50,9 @@ class DeepSpeedConfig(BaseModel):
         return self
 
 
-def build_zero_config(cfg: DeepSpeedConfig, *, micro_batch_size: int, max_grad_norm: float, bf16: bool,
-                      world_size: int = 1) -> dict:
+def build_zero_config(
+    cfg: DeepSpeedConfig, *, micro_batch_size: int, max_grad_norm: float, bf16: bool, world_size: int = 1
+) -> dict:
     """The dict for `deepspeed.initialize(config=...)`.
 
     The optimizer is ours (torch AdamW, passed to `initialize`), so the update is the torch trainer's:
@@ -55,8 +68,10 @@ def build_zero_config(cfg: DeepSpeedConfig, *, micro_batch_size: int, max_grad_n
     if cfg.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": cfg.offload_optimizer, "pin_memory": True}
     if cfg.zero_stage == 3:
-        zero |= {"stage3_param_persistence_threshold": cfg.param_persistence_threshold,
-                 "stage3_gather_16bit_weights_on_model_save": False}
+        zero |= {
+            "stage3_param_persistence_threshold": cfg.param_persistence_threshold,
+            "stage3_gather_16bit_weights_on_model_save": False,
+        }
         if cfg.offload_param != "none":
             zero["offload_param"] = {"device": cfg.offload_param, "pin_memory": True}
     return {
@@ -81,8 +96,13 @@ def single_process_env(environ: Mapping[str, str], port: int, local_rank: int = 
     """The torch.distributed variables a launcher would set, for the one-process group the trainer runs
     in when nothing launched it (rank 0 of 1 on this host; `local_rank` = the GPU index DeepSpeed puts its
     engine on, that of engines.device); variables already set are kept."""
-    defaults = {"RANK": "0", "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port)}
+    defaults = {
+        "RANK": "0",
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     return {k: v for k, v in defaults.items() if k not in environ}
 
 

@@ -8,6 +8,7 @@ Turn protocol, per episode, all active episodes batched per turn:
 System 2's contexts are token sequences extended turn by turn (infra.generation.continue_chat), so its
 turns form one trajectory with the observations in between (masked out of its loss).
 """
+
 from __future__ import annotations
 
 import re
@@ -34,36 +35,58 @@ class DeepResearchConfig(BaseModel):
     questions: int = Field(300, ge=2, description="generated questions (train + held-out)")
     eval_size: int = Field(50, ge=1, description="held-out questions (the last ones of the question set)")
     distractors: int = Field(200, ge=0, description="generated documents that no question needs")
-    hops: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], min_length=1,
-                            description="chain lengths of the generated questions, mixed evenly (1..4)")
+    hops: list[int] = Field(
+        default_factory=lambda: [1, 2, 3, 4],
+        min_length=1,
+        description="chain lengths of the generated questions, mixed evenly (1..4)",
+    )
     min_tokens: int = Field(50, ge=10, description="shortest generated document (approximate tokens)")
     max_tokens: int = Field(2000, ge=10, description="longest generated document (approximate tokens)")
     docs_file: str | None = Field(None, description="your corpus: JSONL {id, title?, text} (with questions_file)")
     questions_file: str | None = Field(None, description="your questions: JSONL {question, answer, hops?, support?}")
-    system1: bool = Field(True, description="false: the ablation without System 1 (System 2 reads the raw tool "
-                          "output, truncated to context_tokens)")
-    shared_model: bool = Field(True, description="true (the paper's MARS): one set of trainable weights, `shared`, "
-                               "plays System 2 and System 1, each with its own prompt, updated once per iteration "
-                               "on both systems' samples; false: one set per system (a deviation from the paper)")
+    system1: bool = Field(
+        True,
+        description="false: the ablation without System 1 (System 2 reads the raw tool "
+        "output, truncated to context_tokens)",
+    )
+    shared_model: bool = Field(
+        True,
+        description="true (the paper's MARS): one set of trainable weights, `shared`, "
+        "plays System 2 and System 1, each with its own prompt, updated once per iteration "
+        "on both systems' samples; false: one set per system (a deviation from the paper)",
+    )
     max_turns: int = Field(3, ge=1, le=16, description="System-2 turns per episode; the last one must answer")
-    scaffold: bool = Field(True, description="System 2's first reply starts with `SEARCH:` and its last with "
-                           "`ANSWER:` already written (it writes the rest): a small zero-RL model rarely finds the "
-                           "format alone")
+    scaffold: bool = Field(
+        True,
+        description="System 2's first reply starts with `SEARCH:` and its last with "
+        "`ANSWER:` already written (it writes the rest): a small zero-RL model rarely finds the "
+        "format alone",
+    )
     top_k: int = Field(3, ge=1, description="documents per search")
     bin_tokens: int = Field(384, ge=16, description="System 1's context budget: document tokens per packed bin")
-    context_tokens: int = Field(256, ge=16, description="System 2's budget per observation: the joined "
-                                "extractions, or the raw tool output without System 1, truncated to this")
+    context_tokens: int = Field(
+        256,
+        ge=16,
+        description="System 2's budget per observation: the joined "
+        "extractions, or the raw tool output without System 1, truncated to this",
+    )
     reward: Literal["f1", "em"] = Field("f1", description="trajectory reward: token F1 or exact match")
-    max_new_tokens: dict[str, int] = Field(default_factory=lambda: {"system2": 48, "system1": 64},
-                                           description="response token budget per agent")
-    examples: bool = Field(True, description="show each system worked examples as earlier chat turns (System 2: "
-                           "a whole episode, search, findings, answer; System 1: a document and the fact sentence "
-                           "copied out of it), about fictional entities outside the corpus; false: the instructions "
-                           "only")
-    stop: list[str] = Field(default_factory=lambda: ["\n"],
-                            description="a reply ends where its text first contains one of these (kept in the "
-                            "reply): a newline, so every reply is one line (a System-2 command, or the one sentence "
-                            "System 1 copies) and cannot run on into its budget; [] to turn off")
+    max_new_tokens: dict[str, int] = Field(
+        default_factory=lambda: {"system2": 48, "system1": 64}, description="response token budget per agent"
+    )
+    examples: bool = Field(
+        True,
+        description="show each system worked examples as earlier chat turns (System 2: "
+        "a whole episode, search, findings, answer; System 1: a document and the fact sentence "
+        "copied out of it), about fictional entities outside the corpus; false: the instructions "
+        "only",
+    )
+    stop: list[str] = Field(
+        default_factory=lambda: ["\n"],
+        description="a reply ends where its text first contains one of these (kept in the "
+        "reply): a newline, so every reply is one line (a System-2 command, or the one sentence "
+        "System 1 copies) and cannot run on into its budget; [] to turn off",
+    )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the python tool")
 
     @model_validator(mode="after")
@@ -77,29 +100,49 @@ class DeepResearchConfig(BaseModel):
         return self
 
 
-SYSTEM2 = ("You answer questions about people, companies, cities and mountains that only a private search "
-           "engine knows. Reply with one line, one of:\n"
-           "SEARCH: <names from the question> PURPOSE: <the fact you need>\n"
-           "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
-           "ANSWER: <a name, a city or a year, copied from the findings>")
-SYSTEM1 = ("You are System 1. Find the sentence in the documents that states the fact named in the purpose "
-           "and copy it word for word. Reply NONE if there is no such sentence.")
+SYSTEM2 = (
+    "You answer questions about people, companies, cities and mountains that only a private search "
+    "engine knows. Reply with one line, one of:\n"
+    "SEARCH: <names from the question> PURPOSE: <the fact you need>\n"
+    "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
+    "ANSWER: <a name, a city or a year, copied from the findings>"
+)
+SYSTEM1 = (
+    "You are System 1. Find the sentence in the documents that states the fact named in the purpose "
+    "and copy it word for word. Reply NONE if there is no such sentence."
+)
 FINAL_NOTE = "\nFinal turn: reply with ANSWER: <answer>."
 # Worked examples (`examples`), about entities whose names the corpus's syllables cannot spell, with a year
 # before the generator's 1600..1990: a 135M model copies the shape of an earlier turn far more reliably than it
 # follows an instruction, and an answer copied from an example can never be right by chance.
 # (question, search, purpose, findings, answer): findings as System 1 would write them, with a distractor fact
 # after the answer's in one and before it in the other, so neither position is the one to copy
-S2_EXAMPLES = [("In which city was Ada Quill born?", "Ada Quill", "the city where Ada Quill was born",
-                ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
-                "Kimberhaven"),
-               ("In what year was Jubb Holdings founded?", "Jubb Holdings", "the year Jubb Holdings was founded",
-                ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."], "1543")]
+S2_EXAMPLES = [
+    (
+        "In which city was Ada Quill born?",
+        "Ada Quill",
+        "the city where Ada Quill was born",
+        ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
+        "Kimberhaven",
+    ),
+    (
+        "In what year was Jubb Holdings founded?",
+        "Jubb Holdings",
+        "the year Jubb Holdings was founded",
+        ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."],
+        "1543",
+    ),
+]
 # (purpose, document, the sentence to copy)
-S1_EXAMPLES = [("the founder of Quimby Works",
-                "# Quimby Works\nQuimby Works is a company. Critics have compared Quimby Works to a quiet bridge. "
-                "The headquarters of Quimby Works are in the city of Exmouth. Quimby Works was founded by Hugo "
-                "Jax. Quimby Works was founded in 1712.", "Quimby Works was founded by Hugo Jax.")]
+S1_EXAMPLES = [
+    (
+        "the founder of Quimby Works",
+        "# Quimby Works\nQuimby Works is a company. Critics have compared Quimby Works to a quiet bridge. "
+        "The headquarters of Quimby Works are in the city of Exmouth. Quimby Works was founded by Hugo "
+        "Jax. Quimby Works was founded in 1712.",
+        "Quimby Works was founded by Hugo Jax.",
+    )
+]
 SHARED = "shared"  # the weights both systems share (shared_model): its checkpoints, updates rows, registered model
 TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
 PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
@@ -112,7 +155,7 @@ def parse_turn(text: str) -> tuple[str, str, str]:
     m = TURN_RE.search(text or "")
     if not m:
         return "none", "", ""
-    line = text[m.end():].split("\n", 1)[0]
+    line = text[m.end() :].split("\n", 1)[0]
     arg, *purpose = PURPOSE_RE.split(line, maxsplit=1)
     return m.group(1).lower(), arg.strip().strip("`"), "".join(purpose).strip()
 
@@ -146,11 +189,17 @@ class DeepResearch:
 
     def __init__(self, cfg: DeepResearchConfig, seed: int):
         self.cfg, self.seed = cfg, seed
-        self.agents = [AgentSpec("system2", "System 2: reasons, calls search / python stating a purpose, answers",
-                                 system=2)]
+        self.agents = [
+            AgentSpec("system2", "System 2: reasons, calls search / python stating a purpose, answers", system=2)
+        ]
         if cfg.system1:
-            self.agents.append(AgentSpec("system1", "System 1: extracts from the packed tool output the facts "
-                                         "that serve System 2's purpose", system=1))
+            self.agents.append(
+                AgentSpec(
+                    "system1",
+                    "System 1: extracts from the packed tool output the facts that serve System 2's purpose",
+                    system=1,
+                )
+            )
         self.weights = {a.name: SHARED for a in self.agents} if cfg.shared_model else own_weights(self.agents)
         preflight(cfg.sandbox)
 
@@ -160,8 +209,9 @@ class DeepResearch:
         if c.docs_file:
             docs, probs = corpus.load_jsonl(c.docs_file, c.questions_file)
         else:
-            docs, probs = corpus.generate(self.seed, c.questions, c.distractors, c.min_tokens, c.max_tokens,
-                                          hops=tuple(c.hops))
+            docs, probs = corpus.generate(
+                self.seed, c.questions, c.distractors, c.min_tokens, c.max_tokens, hops=tuple(c.hops)
+            )
         if len(probs) <= c.eval_size:
             raise ValueError(f"{len(probs)} questions, need more than eval_size={c.eval_size}")
         train, held_out = corpus.split(probs, c.eval_size)
@@ -199,9 +249,12 @@ class DeepResearch:
         """System 2's opening prompt: the instructions, the worked episodes (`examples`), the question."""
         turns = []
         for q, query, purpose, findings, answer in S2_EXAMPLES if self.cfg.examples else []:
-            turns += [_user(f"Question: {q}"), _assistant(f"SEARCH: {query} PURPOSE: {purpose}"),
-                      _user(_findings(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
-                      _assistant(f"ANSWER: {answer}")]
+            turns += [
+                _user(f"Question: {q}"),
+                _assistant(f"SEARCH: {query} PURPOSE: {purpose}"),
+                _user(_findings(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
+                _assistant(f"ANSWER: {answer}"),
+            ]
         return [{"role": "system", "content": SYSTEM2}, *turns, _user(f"Question: {question}")]
 
     def _tool(self, kind: str, arg: str, purpose: str, index: SearchIndex | None = None) -> ToolCall:
@@ -213,36 +266,51 @@ class DeepResearch:
         try:
             hits = with_retries(lambda: index.search(arg, self.cfg.top_k), "tool", "search")
         except InfraFault as fault:
-            return ToolCall(purpose, [f"{INFRA_PREFIX} the search backend failed"], infra_record(fault.kind, fault.message))
+            return ToolCall(
+                purpose, [f"{INFRA_PREFIX} the search backend failed"], infra_record(fault.kind, fault.message)
+            )
         return ToolCall(purpose, [f"# {d.title}\n{d.text}" for d in hits] or ["(no results)"])
 
-    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
-                     act: Act) -> list[Episode]:
+    def run_episodes(
+        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+    ) -> list[Episode]:
         tok, c = act.tokenizer, self.cfg
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         ctx = [encode_chat(tok, self.system2_chat(e.problem.question)) + self._lead(tok, 0) for e in eps]
         for e in eps:
-            e.metrics |= dict.fromkeys(["tool_calls", "purpose_given", "s1_tokens_in", "s1_tokens_out", "s1_bins",
-                                        "s1_bins_lower_bound"], 0.0)
+            e.metrics |= dict.fromkeys(
+                ["tool_calls", "purpose_given", "s1_tokens_in", "s1_tokens_out", "s1_bins", "s1_bins_lower_bound"], 0.0
+            )
         active = list(range(len(eps)))
         for t in range(c.max_turns):
             last = t == c.max_turns - 1
             gens = act("system2", [ctx[i] for i in active])
             lead = tok.decode(self._lead(tok, t))
             turns = {i: (g, *parse_turn(lead + g.text)) for i, g in zip(active, gens)}
-            calls = {i: self._tool(kind, arg, purpose or arg, self._search_index(eps[i].problem))
-                     for i, (g, kind, arg, purpose) in turns.items()
-                     if kind in ("search", "python") and arg and not last}
+            calls = {
+                i: self._tool(kind, arg, purpose or arg, self._search_index(eps[i].problem))
+                for i, (g, kind, arg, purpose) in turns.items()
+                if kind in ("search", "python") and arg and not last
+            }
             extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
             still = []
             for i, (g, kind, arg, purpose) in turns.items():
                 e = eps[i]
                 s2_turn = len(e.actions)
                 call = calls.get(i)
-                e.actions.append(action_row(s2_turn, "system2", g, system=2, prompt_ids=ctx[i],
-                                            tool_name=kind if kind != "none" else None, tool_input=arg,
-                                            tool_output="\n\n".join(call.documents) if call else None,
-                                            infra_error=call.infra_error if call else None))
+                e.actions.append(
+                    action_row(
+                        s2_turn,
+                        "system2",
+                        g,
+                        system=2,
+                        prompt_ids=ctx[i],
+                        tool_name=kind if kind != "none" else None,
+                        tool_input=arg,
+                        tool_output="\n\n".join(call.documents) if call else None,
+                        infra_error=call.infra_error if call else None,
+                    )
+                )
                 if kind == "answer":
                     e.final_answer = arg
                     continue
@@ -263,8 +331,12 @@ class DeepResearch:
                 break
         for e, x in zip(eps, ctx):
             gold = e.problem.answer
-            e.metrics |= {"em": exact_match(e.final_answer, gold), "f1": f1(e.final_answer, gold),
-                          "answered": float(bool(e.final_answer)), "s2_context_tokens": float(len(x))}
+            e.metrics |= {
+                "em": exact_match(e.final_answer, gold),
+                "f1": f1(e.final_answer, gold),
+                "answered": float(bool(e.final_answer)),
+                "s2_context_tokens": float(len(x)),
+            }
             e.success = bool(e.metrics["em"])
             e.outcome = e.metrics[c.reward]
         return eps
@@ -284,15 +356,25 @@ class DeepResearch:
             text = "\n\n".join(call.documents)
         else:
             for text, g in zip(ex.bins, ex.generations):
-                e.actions.append(action_row(len(e.actions), "system1", g, system=1, tool_name="extract",
-                                            tool_input=call.purpose, tool_output=text, parent_turn=s2_turn))
+                e.actions.append(
+                    action_row(
+                        len(e.actions),
+                        "system1",
+                        g,
+                        system=1,
+                        tool_name="extract",
+                        tool_input=call.purpose,
+                        tool_output=text,
+                        parent_turn=s2_turn,
+                    )
+                )
             e.metrics["s1_tokens_in"] += ex.tokens_in
             e.metrics["s1_tokens_out"] += sum(len(g.response_ids) for g in ex.generations)
             e.metrics["s1_bins"] += len(ex.bins)
             e.metrics["s1_bins_lower_bound"] += ex.lower_bound
             text = "\n".join(f"- {g.text.strip()}" for g in ex.generations)
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        return tok.decode(ids[:self.cfg.context_tokens])
+        return tok.decode(ids[: self.cfg.context_tokens])
 
     def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
         if not ground_truth:  # it scores against the gold answer and support documents
@@ -315,4 +397,3 @@ class DeepResearch:
                 got = re.findall(r"^# (.+)$", a["tool_output"] or "", re.M)
                 out.append(f"Retrieved: {', '.join(got) or '(nothing)'}.{needed}")
         return out
-

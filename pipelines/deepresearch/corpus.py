@@ -6,6 +6,7 @@ Every fact is stated once, in its subject's own document, among entity-specific 
 Every relation is functional (a company has one founder, a person one birthplace, ...) and every name
 is unique, so "In which city was the founder of Veltor Mining born?" has exactly one answer.
 Lengths are counted in approximate tokens: whitespace words * 1.3 (`approx_tokens`)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,42 +19,82 @@ from pathlib import Path
 from pipelines.base import Problem
 from pipelines.records import check_fields, records
 
-SYLLABLES = ("vel tor mar dra ven il sa quar no bek ost ra lin dus ka ther om phi zan gor el wyn "
-             "tas ru bri sel mok tha cor ny ves pa lu dor fen").split()
+SYLLABLES = (
+    "vel tor mar dra ven il sa quar no bek ost ra lin dus ka ther om phi zan gor el wyn "
+    "tas ru bri sel mok tha cor ny ves pa lu dor fen"
+).split()
 COMPANY_SUFFIXES = ["Holdings", "Works", "Mining", "Shipping", "Textiles", "Foundry", "Press", "Trading"]
 CITY_SUFFIXES = ["port", "holm", "ford", "vale", "burg", "wick"]
-INTRO = {"person": "{n} is a person of some renown.", "company": "{n} is a company.",
-         "city": "{n} is a city.", "mountain": "{n} is a mountain."}
+INTRO = {
+    "person": "{n} is a person of some renown.",
+    "company": "{n} is a company.",
+    "city": "{n} is a city.",
+    "mountain": "{n} is a mountain.",
+}
 # relation: (subject kind, object kind or "year", fact, noun phrase for chains, final question)
 RELATIONS = {
     "founder": ("company", "person", "{s} was founded by {o}.", "the founder of {s}", "Who founded {s}?"),
-    "hq": ("company", "city", "The headquarters of {s} are in the city of {o}.",
-           "the city where {s} has its headquarters", "In which city does {s} have its headquarters?"),
+    "hq": (
+        "company",
+        "city",
+        "The headquarters of {s} are in the city of {o}.",
+        "the city where {s} has its headquarters",
+        "In which city does {s} have its headquarters?",
+    ),
     "founded": ("company", "year", "{s} was founded in {o}.", "", "In what year was {s} founded?"),
-    "birthplace": ("person", "city", "{s} was born in the city of {o}.", "the birthplace of {s}",
-                   "In which city was {s} born?"),
+    "birthplace": (
+        "person",
+        "city",
+        "{s} was born in the city of {o}.",
+        "the birthplace of {s}",
+        "In which city was {s} born?",
+    ),
     "employer": ("person", "company", "{s} works for {o}.", "the employer of {s}", "Which company does {s} work for?"),
     "born": ("person", "year", "{s} was born in {o}.", "", "In what year was {s} born?"),
     "mayor": ("city", "person", "The mayor of {s} is {o}.", "the mayor of {s}", "Who is the mayor of {s}?"),
-    "mountain": ("city", "mountain", "{s} lies at the foot of {o}.", "the mountain that rises above {s}",
-                 "Which mountain rises above {s}?"),
+    "mountain": (
+        "city",
+        "mountain",
+        "{s} lies at the foot of {o}.",
+        "the mountain that rises above {s}",
+        "Which mountain rises above {s}?",
+    ),
     "settled": ("city", "year", "{s} was first settled in {o}.", "", "In what year was {s} first settled?"),
-    "climber": ("mountain", "person", "{s} was first climbed by {o}.", "the first person to climb {s}",
-                "Who first climbed {s}?"),
+    "climber": (
+        "mountain",
+        "person",
+        "{s} was first climbed by {o}.",
+        "the first person to climb {s}",
+        "Who first climbed {s}?",
+    ),
     "climbed": ("mountain", "year", "{s} was first climbed in {o}.", "", "In what year was {s} first climbed?"),
 }
-FILLER = ["{n} is often mentioned in accounts of the {a} {t} of the region.",
-          "Local records describe {n} in connection with a {a} {x}.",
-          "Several travellers wrote about {n} and a {a} {x} they saw there.",
-          "A short history of {n} devotes a whole chapter to {t}.",
-          "Critics have compared {n} to a {a} {x}.",
-          "The archive on {n} holds many letters about {t}.",
-          "Stories told about {n} tend to concern {t} and a {a} {x}.",
-          "Little is written about {n} that does not touch on {t}."]
+FILLER = [
+    "{n} is often mentioned in accounts of the {a} {t} of the region.",
+    "Local records describe {n} in connection with a {a} {x}.",
+    "Several travellers wrote about {n} and a {a} {x} they saw there.",
+    "A short history of {n} devotes a whole chapter to {t}.",
+    "Critics have compared {n} to a {a} {x}.",
+    "The archive on {n} holds many letters about {t}.",
+    "Stories told about {n} tend to concern {t} and a {a} {x}.",
+    "Little is written about {n} that does not touch on {t}.",
+]
 ADJECTIVES = "quiet old famous curious bright narrow distant modest stubborn gentle painted hidden".split()
 THINGS = "bridge garden market lantern harbor library orchard festival workshop carriage tower ferry".split()
-TOPICS = ["weaving", "winter storms", "folk music", "salt trading", "clockmaking", "river fishing",
-          "glassblowing", "old maps", "beekeeping", "printing", "local dialects", "rope making"]
+TOPICS = [
+    "weaving",
+    "winter storms",
+    "folk music",
+    "salt trading",
+    "clockmaking",
+    "river fishing",
+    "glassblowing",
+    "old maps",
+    "beekeeping",
+    "printing",
+    "local dialects",
+    "rope making",
+]
 
 
 @dataclass(frozen=True)
@@ -65,16 +106,16 @@ class Document:
 
 @dataclass(frozen=True)
 class ResearchProblem(Problem):
-    hops: int = 1                     # documents to chain from the question to the answer
-    support: tuple[str, ...] = ()     # their doc ids, in chain order
-    docs: str = ""                    # the documents file it is asked over (`eval --docs`); "": the run's corpus
+    hops: int = 1  # documents to chain from the question to the answer
+    support: tuple[str, ...] = ()  # their doc ids, in chain order
+    docs: str = ""  # the documents file it is asked over (`eval --docs`); "": the run's corpus
 
 
 @dataclass
 class _Entity:
     kind: str
     name: str
-    stem: str                         # shared by near-miss siblings (surname, company or city stem)
+    stem: str  # shared by near-miss siblings (surname, company or city stem)
     facts: dict[str, str] = field(default_factory=dict)
 
 
@@ -96,9 +137,12 @@ def _world(r: random.Random, size: int) -> list[_Entity]:
     while len(out) < size:
         kind = kinds[len(out) % 4]
         stem = r.choice(stems[kind]) if stems[kind] and r.random() < 0.4 else _word(r)
-        name = {"person": f"{_word(r)} {stem}", "company": f"{stem} {r.choice(COMPANY_SUFFIXES)}",
-                "city": stem + r.choice(CITY_SUFFIXES),
-                "mountain": r.choice([f"Mount {stem}", f"{stem} Peak", f"{stem} Ridge"])}[kind]
+        name = {
+            "person": f"{_word(r)} {stem}",
+            "company": f"{stem} {r.choice(COMPANY_SUFFIXES)}",
+            "city": stem + r.choice(CITY_SUFFIXES),
+            "mountain": r.choice([f"Mount {stem}", f"{stem} Peak", f"{stem} Ridge"]),
+        }[kind]
         if name.lower() not in used:
             used.add(name.lower())
             stems[kind].append(stem)
@@ -118,8 +162,11 @@ def _chain(r: random.Random, world: dict[str, _Entity], start: _Entity, hops: in
     while True:
         last = chain[-1]
         names = {e.name for e in chain}
-        steps = [rel for rel, v in last.facts.items() if v not in names
-                 and (len(chain) == hops or RELATIONS[rel][1] != "year")]
+        steps = [
+            rel
+            for rel, v in last.facts.items()
+            if v not in names and (len(chain) == hops or RELATIONS[rel][1] != "year")
+        ]
         if not steps:
             return None
         rel = r.choice(steps)
@@ -142,8 +189,14 @@ def _text(r: random.Random, e: _Entity, target: int, max_tokens: int) -> str:
     return " ".join([INTRO[e.kind].format(n=e.name), *body])
 
 
-def generate(seed: int, n_questions: int, n_distractors: int, min_tokens: int = 50, max_tokens: int = 2000,
-             hops: tuple[int, ...] = (1, 2, 3, 4)) -> tuple[list[Document], list[ResearchProblem]]:
+def generate(
+    seed: int,
+    n_questions: int,
+    n_distractors: int,
+    min_tokens: int = 50,
+    max_tokens: int = 2000,
+    hops: tuple[int, ...] = (1, 2, 3, 4),
+) -> tuple[list[Document], list[ResearchProblem]]:
     """A fictional corpus and `n_questions` distinct questions, hop counts cycling through `hops`.
 
     The corpus holds every question's support documents plus `n_distractors` others (near-miss
@@ -166,19 +219,23 @@ def generate(seed: int, n_questions: int, n_distractors: int, min_tokens: int = 
             questions[found[0]] = (found[1], h, found[2])
     support = {name for _, _, names in questions.values() for name in names}
     stems = {(world[n].kind, world[n].stem) for n in support}
-    others = sorted((e for e in entities if e.name not in support),
-                    key=lambda e: ((e.kind, e.stem) not in stems, r.random()))
+    others = sorted(
+        (e for e in entities if e.name not in support), key=lambda e: ((e.kind, e.stem) not in stems, r.random())
+    )
     if len(others) < n_distractors:
         raise ValueError(f"cannot pick {n_distractors} distractors")
     chosen = [world[n] for n in sorted(support)] + others[:n_distractors]
     r.shuffle(chosen)
     lo, hi = math.log(min_tokens), math.log(max_tokens)
-    docs = [Document(f"doc{i:05d}", e.name, _text(r, e, round(math.exp(r.uniform(lo, hi))), max_tokens))
-            for i, e in enumerate(chosen)]
+    docs = [
+        Document(f"doc{i:05d}", e.name, _text(r, e, round(math.exp(r.uniform(lo, hi))), max_tokens))
+        for i, e in enumerate(chosen)
+    ]
     ids = {d.title: d.doc_id for d in docs}
-    return docs, [ResearchProblem(task_id=_task_id(q), question=q, answer=a, hops=h,
-                                  support=tuple(ids[n] for n in names))
-                  for q, (a, h, names) in questions.items()]
+    return docs, [
+        ResearchProblem(task_id=_task_id(q), question=q, answer=a, hops=h, support=tuple(ids[n] for n in names))
+        for q, (a, h, names) in questions.items()
+    ]
 
 
 def split(problems: list[ResearchProblem], eval_size: int) -> tuple[list[ResearchProblem], list[ResearchProblem]]:
@@ -213,8 +270,7 @@ def load_docs(path: str | Path) -> list[Document]:
     return list(docs.values())
 
 
-def load_jsonl(docs_path: str | Path,
-               questions_path: str | Path) -> tuple[list[Document], list[ResearchProblem]]:
+def load_jsonl(docs_path: str | Path, questions_path: str | Path) -> tuple[list[Document], list[ResearchProblem]]:
     """A user corpus: documents (`load_docs`) and questions {"question", "answer", "hops"?,
     "support"?: [doc ids]}, one JSON object a line; errors name the file and line."""
     docs = {d.doc_id: d for d in load_docs(docs_path)}
@@ -232,8 +288,13 @@ def load_jsonl(docs_path: str | Path,
             raise ValueError(f"{where}: hops must be an integer: {e}") from e
         if (q := str(d["question"]).strip()) in problems:
             raise ValueError(f"{where}: duplicate question {q!r}")
-        problems[q] = ResearchProblem(task_id=_task_id(q), question=q, answer=str(d["answer"]).strip(),
-                                      hops=hops, support=tuple(str(s) for s in support))
+        problems[q] = ResearchProblem(
+            task_id=_task_id(q),
+            question=q,
+            answer=str(d["answer"]).strip(),
+            hops=hops,
+            support=tuple(str(s) for s in support),
+        )
     return list(docs.values()), list(problems.values())
 
 
@@ -251,11 +312,16 @@ def load_questions(path: str | Path, docs_path: str | Path | None = None) -> lis
     return out
 
 
-def write_jsonl(docs: list[Document], problems: list[ResearchProblem],
-                docs_path: str | Path, questions_path: str | Path) -> None:
+def write_jsonl(
+    docs: list[Document], problems: list[ResearchProblem], docs_path: str | Path, questions_path: str | Path
+) -> None:
     """Export a corpus in the format `load_jsonl` reads back identically."""
-    Path(docs_path).write_text("".join(
-        json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in docs))
-    Path(questions_path).write_text("".join(
-        json.dumps({"question": p.question, "answer": p.answer, "hops": p.hops, "support": list(p.support)}) + "\n"
-        for p in problems))
+    Path(docs_path).write_text(
+        "".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in docs)
+    )
+    Path(questions_path).write_text(
+        "".join(
+            json.dumps({"question": p.question, "answer": p.answer, "hops": p.hops, "support": list(p.support)}) + "\n"
+            for p in problems
+        )
+    )

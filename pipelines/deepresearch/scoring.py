@@ -1,4 +1,5 @@
 """Deep-research outcome scorers (exact match, token F1) and the deterministic rubric coach."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """BM25 search over a DeepResearch corpus (bm25s, Lucene scoring): the backend of the `search` tool."""
+
 from __future__ import annotations
 
 import re
@@ -8,9 +9,11 @@ import numpy as np
 
 from pipelines.deepresearch.corpus import Document
 
-STOPWORDS = frozenset("""a an and are as at be but by did do does for from had has have he her his how i if in
+STOPWORDS = frozenset(
+    """a an and are as at be but by did do does for from had has have he her his how i if in
 into is it its me my no not of on or our she so that the their them then there these they this those to
-us was we were what when where which who whom whose why will with you your""".split())
+us was we were what when where which who whom whose why will with you your""".split()
+)
 
 
 def tokenize(text: str) -> list[str]:

@@ -7,6 +7,7 @@ are the next agent's input:
   Modeler       -> predictions.csv (id, target)
   Analyst       -> submission.csv (id, target), scored against the hidden test labels
 """
+
 from __future__ import annotations
 
 import re
@@ -37,57 +38,79 @@ class DSBenchConfig(BaseModel):
 
     name: Literal["dsbench"] = "dsbench"
     datasets: list[Bundled] = Field(
-        default_factory=lambda: ["diabetes", "breast_cancer", "wine", "iris"], min_length=1,
-        description="scikit-learn datasets the tasks are drawn from, round-robin (each task: its own split)")
+        default_factory=lambda: ["diabetes", "breast_cancer", "wine", "iris"],
+        min_length=1,
+        description="scikit-learn datasets the tasks are drawn from, round-robin (each task: its own split)",
+    )
     train_size: int = Field(64, ge=1, description="training tasks (dataset x split seed)")
     eval_size: int = Field(16, ge=1, description="held-out tasks (split seeds disjoint from training)")
     heldout: Literal["datasets", "splits"] = Field(
-        "splits", description="where the held-out tasks come from: datasets: datasets training never sees "
+        "splits",
+        description="where the held-out tasks come from: datasets: datasets training never sees "
         "(heldout_datasets, then heldout_synthetic generated ones, round-robin), a test of generalisation, what the "
         "dsbench presets use; splits: new splits of the training datasets, which measures those few datasets only "
-        "(the default, so a run folder whose config predates this field keeps its held-out set)")
+        "(the default, so a run folder whose config predates this field keeps its held-out set)",
+    )
     heldout_datasets: list[Bundled] = Field(
         default_factory=lambda cfg: [d for d in data.DATASETS if d not in cfg.get("datasets", [])],
         description="with heldout=datasets: bundled datasets of the held-out tasks, none of them in `datasets` "
-        "(default: the bundled ones training does not use)")
+        "(default: the bundled ones training does not use)",
+    )
     heldout_synthetic: int = Field(
-        4, ge=0, description="with heldout=datasets: also this many synthetic datasets (make_classification and "
+        4,
+        ge=0,
+        description="with heldout=datasets: also this many synthetic datasets (make_classification and "
         "make_regression by turns), their shapes and generator seeds drawn from the run seed "
-        "(pipelines/dsbench/synthetic.py)")
+        "(pipelines/dsbench/synthetic.py)",
+    )
     max_new_tokens: dict[str, int] = Field(
         default_factory=lambda: {"data_engineer": 128, "modeler": 160, "analyst": 96},
-        description="response token budget per agent")
-    examples: bool = Field(True, description="show each agent a short working program for its step (a "
-                           "baseline to adapt) in its prompt; off: the role description only")
+        description="response token budget per agent",
+    )
+    examples: bool = Field(
+        True,
+        description="show each agent a short working program for its step (a "
+        "baseline to adapt) in its prompt; off: the role description only",
+    )
     scaffold: Literal["none", "fence", "head"] = Field(
-        "head", description="what each reply starts with (prompt tokens, not trained): none; fence: a ```python "
+        "head",
+        description="what each reply starts with (prompt tokens, not trained): none; fence: a ```python "
         "block; head: the block and the example program's opening lines (reading the inputs), so the agent "
-        "writes the step itself (HEAD_LINES)")
+        "writes the step itself (HEAD_LINES)",
+    )
     stop: list[str] = Field(
         default_factory=lambda: ["```", "\n\n"],
         description="a reply ends where its text first contains one of these (kept in the reply; HumanEval-style "
         "stop sequences): the block's closing fence, or a blank line, so a program is its first block of lines and "
-        "cannot run on into the budget. Needs a scaffold (the opening fence in the prompt); [] to turn off")
+        "cannot run on into the budget. Needs a scaffold (the opening fence in the prompt); [] to turn off",
+    )
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(timeout_s=30, cpu_s=30, memory_mb=2048, site_packages=True),
         description="limits for the agents' programs; site_packages gives them numpy, pandas and scikit-learn "
-        "(the sandbox interpreter must have them: `make` installs Debian's python3-sklearn)")
+        "(the sandbox interpreter must have them: `make` installs Debian's python3-sklearn)",
+    )
 
     @model_validator(mode="after")
     def _stop_needs_a_scaffold(self):
         if self.scaffold == "none" and self.stop:
-            raise ValueError(f"pipeline.stop={self.stop} needs scaffold fence or head: with scaffold none the reply "
-                             "opens its own ```python block and would stop there; set pipeline.stop=[] too")
+            raise ValueError(
+                f"pipeline.stop={self.stop} needs scaffold fence or head: with scaffold none the reply "
+                "opens its own ```python block and would stop there; set pipeline.stop=[] too"
+            )
         return self
 
     @model_validator(mode="after")
     def _heldout_unseen(self):
         if seen := [d for d in self.heldout_datasets if d in self.datasets]:
-            raise ValueError(f"pipeline.heldout_datasets {seen} are also in pipeline.datasets: a held-out dataset must "
-                             "be one training never sees; remove it from one of the two lists")
+            raise ValueError(
+                f"pipeline.heldout_datasets {seen} are also in pipeline.datasets: a held-out dataset must "
+                "be one training never sees; remove it from one of the two lists"
+            )
         if self.heldout == "datasets" and not (self.heldout_datasets or self.heldout_synthetic):
-            raise ValueError("pipeline.heldout=datasets needs a held-out dataset: list some in "
-                             "pipeline.heldout_datasets, set pipeline.heldout_synthetic > 0, or use heldout=splits")
+            raise ValueError(
+                "pipeline.heldout=datasets needs a held-out dataset: list some in "
+                "pipeline.heldout_datasets, set pipeline.heldout_synthetic > 0, or use heldout=splits"
+            )
         return self
 
     def heldout_names(self) -> list[str]:
@@ -98,15 +121,21 @@ class DSBenchConfig(BaseModel):
 
 
 ROLES = {
-    "data_engineer": ("You are the Data Engineer. Reply with a short Python program in a ```python block that "
-                      "reads train.csv and test.csv with pandas and writes features_train.csv (features and "
-                      "target) and features_test.csv (id and the same features)."),
-    "modeler": ("You are the Modeler. Reply with a short Python program in a ```python block that reads "
-                "features_train.csv and features_test.csv, fits a scikit-learn model for `target` and writes "
-                "predictions.csv with columns id,target."),
-    "analyst": ("You are the Analyst. Reply with a short Python program in a ```python block that reads "
-                "predictions.csv, checks it has one row per id of test.csv, and writes submission.csv with "
-                "columns id,target."),
+    "data_engineer": (
+        "You are the Data Engineer. Reply with a short Python program in a ```python block that "
+        "reads train.csv and test.csv with pandas and writes features_train.csv (features and "
+        "target) and features_test.csv (id and the same features)."
+    ),
+    "modeler": (
+        "You are the Modeler. Reply with a short Python program in a ```python block that reads "
+        "features_train.csv and features_test.csv, fits a scikit-learn model for `target` and writes "
+        "predictions.csv with columns id,target."
+    ),
+    "analyst": (
+        "You are the Analyst. Reply with a short Python program in a ```python block that reads "
+        "predictions.csv, checks it has one row per id of test.csv, and writes submission.csv with "
+        "columns id,target."
+    ),
 }
 # a working program per role, shown with `examples`: the team's job is to run it reliably and improve on it
 EXAMPLES = {
@@ -161,8 +190,9 @@ class DSBench:
         if split == "train":
             return data.make_problems(self.cfg.datasets, self.cfg.train_size, self.seed)
         if split == "eval":
-            return data.make_problems(self.cfg.heldout_names(), self.cfg.eval_size, self.seed,
-                                      start=self.cfg.train_size)
+            return data.make_problems(
+                self.cfg.heldout_names(), self.cfg.eval_size, self.seed, start=self.cfg.train_size
+            )
         raise ValueError(f"unknown split {split!r}: train | eval")
 
     @staticmethod
@@ -177,8 +207,9 @@ class DSBench:
         no_docs(self.name, docs)
         return data.load_tasks(path, self.seed)
 
-    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
-                     act: Act) -> list[Episode]:
+    def run_episodes(
+        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+    ) -> list[Episode]:
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         spaces = [Path(tempfile.mkdtemp(prefix="teamrl-ds-")) for _ in eps]
         try:
@@ -186,21 +217,37 @@ class DSBench:
                 data.write_workspace(e.problem, ws)
             notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
             for turn, agent in enumerate(ROLES):
-                chats = [[{"role": "system", "content": self._role(agent, e.problem)},
-                          {"role": "user", "content": self._brief(e, ws, n)}] for e, ws, n in zip(eps, spaces, notes)]
+                chats = [
+                    [
+                        {"role": "system", "content": self._role(agent, e.problem)},
+                        {"role": "user", "content": self._brief(e, ws, n)},
+                    ]
+                    for e, ws, n in zip(eps, spaces, notes)
+                ]
                 leads = [self._lead(agent, e.problem) for e in eps]
                 gens = act(agent, [self._prompt(act.tokenizer, c, lead) for c, lead in zip(chats, leads)])
                 codes = [program(lead + g.text) for g, lead in zip(gens, leads)]
                 with ThreadPoolExecutor(max_workers=4) as pool:
-                    runs = list(pool.map(lambda c, ws: run_python(c, self.cfg.sandbox, workdir=str(ws)) if c else None,
-                                         codes, spaces))
+                    runs = list(
+                        pool.map(
+                            lambda c, ws: run_python(c, self.cfg.sandbox, workdir=str(ws)) if c else None, codes, spaces
+                        )
+                    )
                 for i, (e, ws, g, c, r) in enumerate(zip(eps, spaces, gens, codes, runs)):
                     out = r.feedback() if r else "NO CODE: the reply had no Python program"
                     made = all((ws / f).exists() for f in HANDOFFS[agent])
                     notes[i] = f"{agent} program output: {out}\nFiles now: {_files(ws)}"
-                    e.actions.append(action_row(turn, agent, g, tool_name="python", tool_input=c or "",
-                                                tool_output=f"{out}\nFiles now: {_files(ws)}",
-                                                infra_error=sandbox_fault(r)))
+                    e.actions.append(
+                        action_row(
+                            turn,
+                            agent,
+                            g,
+                            tool_name="python",
+                            tool_input=c or "",
+                            tool_output=f"{out}\nFiles now: {_files(ws)}",
+                            infra_error=sandbox_fault(r),
+                        )
+                    )
                     e.metrics[f"{agent}_ok"] = float(bool(r and r.ok) and made)
             for e, ws in zip(eps, spaces):
                 self._score(e, ws)
@@ -221,7 +268,7 @@ class DSBench:
             return ""
         if self.cfg.scaffold == "fence":
             return FENCE
-        head = EXAMPLES[agent].format(model=MODEL[problem.kind]).splitlines()[:HEAD_LINES[agent]]
+        head = EXAMPLES[agent].format(model=MODEL[problem.kind]).splitlines()[: HEAD_LINES[agent]]
         return FENCE + "\n".join(head) + "\n"
 
     @staticmethod
@@ -243,8 +290,11 @@ class DSBench:
             e.infra_error = infra_record(fault.kind, fault.message)
             e.final_answer = "(not scored: the scorer failed)"
             return
-        e.metrics |= s.metrics | {"submission_ok": float(s.ok), "regression": float(p.kind == "regression"),
-                                  "code_error": float(not all(e.metrics[f"{a}_ok"] for a in ROLES))}
+        e.metrics |= s.metrics | {
+            "submission_ok": float(s.ok),
+            "regression": float(p.kind == "regression"),
+            "code_error": float(not all(e.metrics[f"{a}_ok"] for a in ROLES)),
+        }
         e.success = bool(s.metrics.get("success", 0.0))
         e.outcome = data.outcome(p, s)
         e.final_answer = s.feedback[:500]
@@ -263,4 +313,3 @@ class DSBench:
 
 def _files(ws: Path) -> str:
     return ", ".join(sorted(p.name for p in ws.iterdir() if not p.name.startswith("."))) or "(none)"
-

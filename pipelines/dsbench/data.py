@@ -6,6 +6,7 @@ labels.
 Split seeds: problem index i (counted from `start`) gets split_seed = (seed * 1_000_003 + i) mod 2**31,
 which is injective in i, so a train set (start=0, n) and a held-out set (start=n, m) never share one.
 Synthetic datasets (`synthetic_<kind>_<k>`, pipelines/dsbench/synthetic.py) are generated from the run seed."""
+
 from __future__ import annotations
 
 import math
@@ -24,37 +25,43 @@ from pipelines.dsbench import synthetic
 from pipelines.records import check_fields, records
 
 # dataset -> (loader, kind)
-DATASETS = {"diabetes": (lambda: skd.load_diabetes(scaled=False), "regression"),
-            "breast_cancer": (skd.load_breast_cancer, "classification"),
-            "wine": (skd.load_wine, "classification"),
-            "iris": (skd.load_iris, "classification"),
-            "digits": (skd.load_digits, "classification")}
+DATASETS = {
+    "diabetes": (lambda: skd.load_diabetes(scaled=False), "regression"),
+    "breast_cancer": (skd.load_breast_cancer, "classification"),
+    "wine": (skd.load_wine, "classification"),
+    "iris": (skd.load_iris, "classification"),
+    "digits": (skd.load_digits, "classification"),
+}
 TARGET = "target"
-TEST_FRACTION = 0.25        # share of rows held out as test.csv
-METRIC = {"regression": "RMSE (success: lower than predicting the train mean)",
-          "classification": "macro F1 and accuracy (success: accuracy above the majority-class baseline)"}
+TEST_FRACTION = 0.25  # share of rows held out as test.csv
+METRIC = {
+    "regression": "RMSE (success: lower than predicting the train mean)",
+    "classification": "macro F1 and accuracy (success: accuracy above the majority-class baseline)",
+}
 # a task file's metric -> (task kind, its name for people, what a success beats without a threshold)
-METRICS = {"rmse": ("regression", "RMSE", "predicting the train mean"),
-           "accuracy": ("classification", "accuracy", "the majority-class baseline"),
-           "f1": ("classification", "macro F1", "the majority-class baseline")}
+METRICS = {
+    "rmse": ("regression", "RMSE", "predicting the train mean"),
+    "accuracy": ("classification", "accuracy", "the majority-class baseline"),
+    "f1": ("classification", "macro F1", "the majority-class baseline"),
+}
 
 
 @dataclass(frozen=True)
 class DSProblem(Problem):
     dataset: str = ""
-    kind: str = ""              # "regression" | "classification"
+    kind: str = ""  # "regression" | "classification"
     target: str = TARGET
     split_seed: int = 0
-    data_seed: int = 0          # a synthetic dataset's run seed (its table is generated from it); 0 for others
-    csv: str = ""               # a user's task (`load_tasks`): its CSV file; "": the bundled `dataset`
-    label: str = ""             # the CSV's column to predict (`target` in the workspace)
-    metric: str = ""            # a METRICS key; "": the kind's default (rmse, or accuracy)
+    data_seed: int = 0  # a synthetic dataset's run seed (its table is generated from it); 0 for others
+    csv: str = ""  # a user's task (`load_tasks`): its CSV file; "": the bundled `dataset`
+    label: str = ""  # the CSV's column to predict (`target` in the workspace)
+    metric: str = ""  # a METRICS key; "": the kind's default (rmse, or accuracy)
     threshold: float | None = None  # success: the metric at most (rmse) / at least this; None: beat the baseline
 
 
 @dataclass
 class Score:
-    ok: bool                    # False: submission missing or malformed
+    ok: bool  # False: submission missing or malformed
     feedback: str
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -91,8 +98,10 @@ def load_csv(path: str, label: str) -> tuple[pd.DataFrame, pd.Series]:
     X = df.drop(columns=[label])
     X.columns = names = [column_name(c) for c in X.columns]
     if clash := sorted({n for n in names if names.count(n) > 1 or n in ("", "id", TARGET)}):
-        raise ValueError(f"{path}: feature column name(s) {clash} clash in the workspace (where `id` and `target` "
-                         "are taken and names are lowercased, non-alphanumerics as _): rename or drop them")
+        raise ValueError(
+            f"{path}: feature column name(s) {clash} clash in the workspace (where `id` and `target` "
+            "are taken and names are lowercased, non-alphanumerics as _): rename or drop them"
+        )
     return X, df[label].rename(TARGET)
 
 
@@ -107,10 +116,12 @@ def _seed(seed: int, i: int) -> int:
 
 def _question(name: str, kind: str, X: pd.DataFrame, metric: str) -> str:
     n_test = math.ceil(len(X) * TEST_FRACTION)  # as train_test_split rounds
-    return (f"Dataset `{name}` ({kind}). train.csv has {len(X) - n_test} rows, {X.shape[1]} feature "
-            f"columns and the target column `{TARGET}`; test.csv has {n_test} rows with an `id` column "
-            f"and the same features, no target. Predict `{TARGET}` for every test row and write "
-            f"submission.csv with columns id,{TARGET}. Metric: {metric}.")
+    return (
+        f"Dataset `{name}` ({kind}). train.csv has {len(X) - n_test} rows, {X.shape[1]} feature "
+        f"columns and the target column `{TARGET}`; test.csv has {n_test} rows with an `id` column "
+        f"and the same features, no target. Predict `{TARGET}` for every test row and write "
+        f"submission.csv with columns id,{TARGET}. Metric: {metric}."
+    )
 
 
 def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> list[DSProblem]:
@@ -124,9 +135,18 @@ def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> lis
         data_seed = seed if synthetic.kind(name) else 0  # a bundled table does not depend on the seed
         X, _ = load(name, data_seed)
         kind, split_seed = synthetic.kind(name) or DATASETS[name][1], _seed(seed, i)
-        out.append(DSProblem(task_id=f"{name}-{split_seed}", question=_question(name, kind, X, METRIC[kind]),
-                             answer="", dataset=name, kind=kind, target=TARGET, split_seed=split_seed,
-                             data_seed=data_seed))
+        out.append(
+            DSProblem(
+                task_id=f"{name}-{split_seed}",
+                question=_question(name, kind, X, METRIC[kind]),
+                answer="",
+                dataset=name,
+                kind=kind,
+                target=TARGET,
+                split_seed=split_seed,
+                data_seed=data_seed,
+            )
+        )
     return out
 
 
@@ -146,8 +166,9 @@ def _check_target(y: pd.Series, metric: str) -> None:
     if kind == "regression" and not pd.api.types.is_numeric_dtype(y):
         raise ValueError(f"metric {metric} needs a numeric target column, got values like {_examples(y.unique())}")
     if kind == "classification" and not whole:
-        raise ValueError(f"metric {metric} needs integer class labels in the target column, got values like "
-                         f"{_examples(y.unique())}")
+        raise ValueError(
+            f"metric {metric} needs integer class labels in the target column, got values like {_examples(y.unique())}"
+        )
     if kind == "classification" and y.nunique() < 2:
         raise ValueError(f"metric {metric} needs at least two classes in the target column")
 
@@ -160,8 +181,9 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
     and the line). Errors name the file and line."""
     out = []
     for i, (where, d) in enumerate(records(path)):
-        check_fields(where, d, {"csv": (str,), "target": (str,), "metric": (str,)},
-                     {"threshold": (int, float), "name": (str,)})
+        check_fields(
+            where, d, {"csv": (str,), "target": (str,), "metric": (str,)}, {"threshold": (int, float), "name": (str,)}
+        )
         if d["metric"] not in METRICS:
             raise ValueError(f"{where}: unknown metric {d['metric']!r}; supported: {', '.join(METRICS)}")
         csv = (Path(path).parent / d["csv"]).resolve()  # an absolute path stays itself
@@ -172,11 +194,18 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
         try:
             X, y = load_csv(str(csv), d["target"])
             _check_target(y, metric)
-            p = DSProblem(task_id=f"{name}-{split_seed}", answer=criterion(metric, threshold), dataset=name,
-                          question=_question(name, kind, X, f"{METRICS[metric][1]} (success: "
-                                             f"{criterion(metric, threshold)})"),
-                          kind=kind, split_seed=split_seed, csv=str(csv), label=d["target"], metric=metric,
-                          threshold=None if threshold is None else float(threshold))
+            p = DSProblem(
+                task_id=f"{name}-{split_seed}",
+                answer=criterion(metric, threshold),
+                dataset=name,
+                question=_question(name, kind, X, f"{METRICS[metric][1]} (success: {criterion(metric, threshold)})"),
+                kind=kind,
+                split_seed=split_seed,
+                csv=str(csv),
+                label=d["target"],
+                metric=metric,
+                threshold=None if threshold is None else float(threshold),
+            )
             split(p)  # it must split (a stratified split needs two rows of every class)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
@@ -184,14 +213,14 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
     return out
 
 
-def split(problem: DSProblem,
-          test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
+def split(problem: DSProblem, test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """(train with target, test features with `id`, hidden test target indexed by id), stratified
     for classification, deterministic from the problem's split seed."""
     X, y = frame(problem)
     strat = y if problem.kind == "classification" else None
-    X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=test_fraction, random_state=problem.split_seed,
-                                              stratify=strat)
+    X_tr, X_te, y_tr, y_te = train_test_split(
+        X, y, test_size=test_fraction, random_state=problem.split_seed, stratify=strat
+    )
     train = X_tr.assign(**{problem.target: y_tr}).reset_index(drop=True)
     ids = pd.RangeIndex(len(X_te), name="id")
     test = pd.concat([pd.Series(ids, name="id"), X_te.reset_index(drop=True)], axis=1)
@@ -256,8 +285,11 @@ def _read(problem: DSProblem, path: Path, ids: pd.Index) -> pd.Series | Score:
     sid = sid.astype(np.int64)
     dup, unknown = sid[sid.duplicated()].unique(), sorted(set(sid) - set(ids))
     absent = sorted(set(ids) - set(sid))
-    problems = [f"{what} ids: {_examples(v)}" for what, v in
-                (("duplicate", dup), ("unknown", unknown), ("missing", absent)) if len(v)]
+    problems = [
+        f"{what} ids: {_examples(v)}"
+        for what, v in (("duplicate", dup), ("unknown", unknown), ("missing", absent))
+        if len(v)
+    ]
     if problems:
         return _fail("ids do not match test.csv's ids: " + "; ".join(problems))
     return pd.Series(sub[problem.target].to_numpy(), index=pd.Index(sid, name="id")).reindex(ids)
@@ -273,27 +305,36 @@ def score_submission(problem: DSProblem, workdir: Path) -> Score:
     if problem.kind == "regression":
         bad = pred[~np.isfinite(num)]
         if len(bad):
-            return _fail(f"non-numeric, NaN or infinite predictions for ids {_examples(bad.index)} "
-                         f"(values: {_examples(bad)})")
+            return _fail(
+                f"non-numeric, NaN or infinite predictions for ids {_examples(bad.index)} (values: {_examples(bad)})"
+            )
         err, base = rmse(truth, num), rmse(truth, np.full(len(truth), train[problem.target].mean()))
         # fair_rmse = rmse(prediction) / rmse(predicting the train mean for every test row)
         fair = err / base if base > 0 else (0.0 if err == 0 else math.inf)
         m = {"rmse": err, "fair_rmse": fair}
-        return Score(True, f"rmse {err:.4g}, fair_rmse {fair:.3f} (< 1 beats predicting the train mean)",
-                     m | {"success": succeeds(problem, m)})
+        return Score(
+            True,
+            f"rmse {err:.4g}, fair_rmse {fair:.3f} (< 1 beats predicting the train mean)",
+            m | {"success": succeeds(problem, m)},
+        )
     classes = set(train[problem.target].unique().tolist())
     bad = pred[~num.isin(classes)]
     if len(bad):
-        return _fail(f"labels not among the training classes {sorted(classes)} for ids "
-                     f"{_examples(bad.index)} (values: {_examples(bad)})")
+        return _fail(
+            f"labels not among the training classes {sorted(classes)} for ids "
+            f"{_examples(bad.index)} (values: {_examples(bad)})"
+        )
     labels = num.astype(np.int64)
     acc, f1 = accuracy(truth, labels), macro_f1(truth, labels)
     # baseline: predict the train majority class for every test row
     majority = np.full(len(truth), train[problem.target].mode().iloc[0])
     base = accuracy(truth, majority)
     m = {"f1": f1, "accuracy": acc, "baseline_accuracy": base, "baseline_f1": macro_f1(truth, majority)}
-    return Score(True, f"accuracy {acc:.3f} (majority baseline {base:.3f}), macro F1 {f1:.3f}",
-                 m | {"success": succeeds(problem, m)})
+    return Score(
+        True,
+        f"accuracy {acc:.3f} (majority baseline {base:.3f}), macro F1 {f1:.3f}",
+        m | {"success": succeeds(problem, m)},
+    )
 
 
 def succeeds(problem: DSProblem, m: dict[str, float]) -> float:

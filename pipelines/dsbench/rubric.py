@@ -4,13 +4,17 @@ after it, whose inputs were never written, get no score at all (None: no gradien
 would not be neutral: REINFORCE++ whitens an agent's scores over its batch, so when most of a batch's
 inputs were missing, a "neutral" 5 next to a few delivered 10s becomes a negative advantage and trains
 the agent away from what it did, for a failure that was not its own."""
+
 from __future__ import annotations
 
 from pipelines.base import Episode
 
 # the files each agent must leave in the workspace for the next one
-HANDOFFS = {"data_engineer": ["features_train.csv", "features_test.csv"], "modeler": ["predictions.csv"],
-            "analyst": ["submission.csv"]}
+HANDOFFS = {
+    "data_engineer": ["features_train.csv", "features_test.csv"],
+    "modeler": ["predictions.csv"],
+    "analyst": ["submission.csv"],
+}
 
 
 def rubric_scores(ep: Episode) -> list[tuple[float | None, str]]:

@@ -2,6 +2,7 @@
 make_classification / make_regression whose shape (rows, features, informative features, classes) and
 generator seed are drawn from an RNG keyed by (run seed, k). No training task is generated, so a team
 trained on the bundled datasets has never seen one; the same run seed gives the same tables."""
+
 from __future__ import annotations
 
 import re
@@ -34,9 +35,15 @@ def table(name: str, seed: int) -> tuple[pd.DataFrame, np.ndarray]:
     n, d = int(rng.integers(200, 401)), int(rng.integers(4, 21))
     informative, state = int(rng.integers(2, d + 1)), int(rng.integers(2**31))
     if m.group(1) == "regression":  # noise: the target is no exact formula of the features, as in real data
-        X, y = skd.make_regression(n_samples=n, n_features=d, n_informative=informative, noise=10.0,
-                                   random_state=state)
+        X, y = skd.make_regression(n_samples=n, n_features=d, n_informative=informative, noise=10.0, random_state=state)
     else:  # no redundant features (all d may be informative); one cluster per class: 2..4 classes fit 2 informative
-        X, y = skd.make_classification(n_samples=n, n_features=d, n_informative=informative, n_redundant=0,
-                                       n_classes=int(rng.integers(2, 5)), n_clusters_per_class=1, random_state=state)
+        X, y = skd.make_classification(
+            n_samples=n,
+            n_features=d,
+            n_informative=informative,
+            n_redundant=0,
+            n_classes=int(rng.integers(2, 5)),
+            n_clusters_per_class=1,
+            random_state=state,
+        )
     return pd.DataFrame(X, columns=[f"feature_{j}" for j in range(d)]), y

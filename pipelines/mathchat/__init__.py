@@ -1,4 +1,5 @@
 """MathChat: Problem Solver -> Code Executor (Python in the sandbox) -> Verifier (final answer)."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -20,30 +21,39 @@ class MathChatConfig(BaseModel):
 
     name: Literal["mathchat"] = "mathchat"
     families: list[Literal["arith", "one_step", "two_step", "number_theory"]] = Field(
-        default_factory=lambda: ["two_step", "number_theory"], min_length=1,
-        description="problem families mixed round-robin (easiest first): arith | one_step | two_step | number_theory")
+        default_factory=lambda: ["two_step", "number_theory"],
+        min_length=1,
+        description="problem families mixed round-robin (easiest first): arith | one_step | two_step | number_theory",
+    )
     train_size: int = Field(512, ge=1, description="generated training problems")
     eval_size: int = Field(100, ge=1, description="generated held-out problems (disjoint from train)")
-    problems_file: str | None = Field(None, description="JSONL of {question, answer}: replaces the generated "
-                                      "train split (the held-out split is its last `eval_size` lines)")
+    problems_file: str | None = Field(
+        None,
+        description="JSONL of {question, answer}: replaces the generated "
+        "train split (the held-out split is its last `eval_size` lines)",
+    )
     max_new_tokens: dict[str, int] = Field(
         default_factory=lambda: {"solver": 48, "executor": 96, "verifier": 24},
-        description="response token budget per agent")
+        description="response token budget per agent",
+    )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the executor's code")
 
 
-SOLVER = ("You are the Problem Solver. In one or two short sentences, say how to compute the answer. "
-          "Do not write code.")
-EXECUTOR = ("You are the Code Executor. Reply with only a short Python program in a ```python block "
-            "that prints the answer.")
+SOLVER = "You are the Problem Solver. In one or two short sentences, say how to compute the answer. Do not write code."
+EXECUTOR = (
+    "You are the Code Executor. Reply with only a short Python program in a ```python block that prints the answer."
+)
 VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
+
 
 class MathChat:
     name = "mathchat"
     answer_blind_rubric = True
     agents = [
         AgentSpec("solver", "Problem Solver: explains how to compute the answer"),
-        AgentSpec("executor", "Code Executor: writes Python that prints the answer; it is run, stdout/stderr is feedback"),
+        AgentSpec(
+            "executor", "Code Executor: writes Python that prints the answer; it is run, stdout/stderr is feedback"
+        ),
         AgentSpec("verifier", "Verifier: checks the program output and states the final integer answer"),
     ]
     weights = own_weights(agents)
@@ -56,15 +66,17 @@ class MathChat:
         if self.cfg.problems_file:
             allp = gen.load_jsonl(self.cfg.problems_file)
             if len(allp) <= self.cfg.eval_size:
-                raise ValueError(f"{self.cfg.problems_file}: {len(allp)} problems, need more than "
-                                 f"eval_size={self.cfg.eval_size}")
-            return allp[-self.cfg.eval_size:] if split == "eval" else allp[:-self.cfg.eval_size]
+                raise ValueError(
+                    f"{self.cfg.problems_file}: {len(allp)} problems, need more than eval_size={self.cfg.eval_size}"
+                )
+            return allp[-self.cfg.eval_size :] if split == "eval" else allp[: -self.cfg.eval_size]
         train = gen.generate(self.cfg.families, self.cfg.train_size, seed=self.seed)
         if split == "train":
             return train
         if split == "eval":
-            return gen.generate(self.cfg.families, self.cfg.eval_size, seed=self.seed + 7919,
-                                exclude={p.question for p in train})
+            return gen.generate(
+                self.cfg.families, self.cfg.eval_size, seed=self.seed + 7919, exclude={p.question for p in train}
+            )
         raise ValueError(f"unknown split {split!r}: train | eval")
 
     def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
@@ -72,19 +84,34 @@ class MathChat:
         no_docs(self.name, docs)
         return gen.load_jsonl(path)
 
-    def run_episodes(self, problems: list[Problem], episode_ids: list[str], group_ids: list[str],
-                     act: Act) -> list[Episode]:
+    def run_episodes(
+        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+    ) -> list[Episode]:
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         # Turn 0: the solver plans.
-        plans = act("solver", [[{"role": "system", "content": SOLVER},
-                                {"role": "user", "content": f"Problem: {e.problem.question}"}] for e in eps])
+        plans = act(
+            "solver",
+            [
+                [{"role": "system", "content": SOLVER}, {"role": "user", "content": f"Problem: {e.problem.question}"}]
+                for e in eps
+            ],
+        )
         for e, g in zip(eps, plans):
             e.actions.append(action_row(0, "solver", g))
         # Turn 1: the executor writes code, which runs in the sandbox.
-        codes = act("executor", [[{"role": "system", "content": EXECUTOR},
-                                  {"role": "user", "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}\n"
-                                   "Write the Python program."}]
-                                 for e, p in zip(eps, plans)])
+        codes = act(
+            "executor",
+            [
+                [
+                    {"role": "system", "content": EXECUTOR},
+                    {
+                        "role": "user",
+                        "content": f"Problem: {e.problem.question}\nPlan: {p.text.strip()}\nWrite the Python program.",
+                    },
+                ]
+                for e, p in zip(eps, plans)
+            ],
+        )
         sources = [extract_code(g.text) for g in codes]
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = list(pool.map(lambda c: run_python(c, self.cfg.sandbox) if c else None, sources))
@@ -92,13 +119,29 @@ class MathChat:
         for e, g, src, r in zip(eps, codes, sources, runs):
             fb = r.feedback() if r else "NO CODE: the reply had no Python code block"
             outputs.append(fb)
-            e.actions.append(action_row(1, "executor", g, tool_name="python", tool_input=src or "", tool_output=fb,
-                                        infra_error=sandbox_fault(r)))
+            e.actions.append(
+                action_row(
+                    1,
+                    "executor",
+                    g,
+                    tool_name="python",
+                    tool_input=src or "",
+                    tool_output=fb,
+                    infra_error=sandbox_fault(r),
+                )
+            )
             e.metrics["code_error"] = float(r is None or not r.ok)
         # Turn 2: the verifier states the final answer.
-        verdicts = act("verifier", [[{"role": "system", "content": VERIFIER},
-                                     {"role": "user", "content": f"Problem: {e.problem.question}\nProgram output: {o}"}]
-                                    for e, o in zip(eps, outputs)])
+        verdicts = act(
+            "verifier",
+            [
+                [
+                    {"role": "system", "content": VERIFIER},
+                    {"role": "user", "content": f"Problem: {e.problem.question}\nProgram output: {o}"},
+                ]
+                for e, o in zip(eps, outputs)
+            ],
+        )
         for e, g in zip(eps, verdicts):
             e.actions.append(action_row(2, "verifier", g))
             ans = extract_int(g.text)
@@ -117,6 +160,8 @@ class MathChat:
         """Environment feedback per action, as the coach sees it (with the ground truth if `ground_truth`)."""
         code_out = episode.actions[1]["tool_output"]
         truth = f" Correct answer: {episode.problem.answer}." if ground_truth else ""
-        return [f"The executor's program then printed: {code_out}.{truth}",
-                f"Program output: {code_out}.{truth}",
-                f"Stated answer: {episode.final_answer or '(none)'}.{truth}"]
+        return [
+            f"The executor's program then printed: {code_out}.{truth}",
+            f"Program output: {code_out}.{truth}",
+            f"Stated answer: {episode.final_answer or '(none)'}.{truth}",
+        ]

@@ -9,6 +9,7 @@ containers written as words).
 The file is read like any problem file (`teamrl eval RUN --problems FILE`, problems.py `load_jsonl`).
 Each generated problem keeps its kind and numbers, so a test recomputes every answer without the text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,7 @@ FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "mathchat-p
 SEED, SIZE = 0, 100
 
 NAMES = ["Priya", "Tomasz", "Zainab", "Mateo", "Keiko", "Olu", "Rosa", "Sven", "Amara", "Nikolai", "Wen", "Yusuf"]
-ITEMS = ["stickers", "buttons", "feathers", "tickets", "crayons", "pebbles", "postcards", "acorns", "beads",
-         "ribbons"]
+ITEMS = ["stickers", "buttons", "feathers", "tickets", "crayons", "pebbles", "postcards", "acorns", "beads", "ribbons"]
 CONTAINERS = ["jars", "trays", "crates", "tins", "baskets"]
 WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
@@ -31,8 +31,8 @@ WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "e
 class Paraphrased:
     question: str
     answer: int
-    kind: str                # add | sub | mul (arith); gain | loss | groups (one_step)
-    values: dict[str, int]   # the numbers the question states
+    kind: str  # add | sub | mul (arith); gain | loss | groups (one_step)
+    values: dict[str, int]  # the numbers the question states
 
 
 def _arith(r: random.Random) -> Paraphrased:
@@ -58,17 +58,29 @@ def _one_step(r: random.Random) -> Paraphrased:
     n, item, kind = r.choice(NAMES), r.choice(ITEMS), r.choice(["gain", "loss", "groups"])
     if kind == "gain":
         a, b = r.randint(100, 400), r.randint(31, 99)
-        q = r.choice(["How many {item} does {n} own now, having started with {a} and then been given {b}?",
-                      "What is {n}'s new total of {item}, if {n} had {a} and a neighbour added {b}?"])
+        q = r.choice(
+            [
+                "How many {item} does {n} own now, having started with {a} and then been given {b}?",
+                "What is {n}'s new total of {item}, if {n} had {a} and a neighbour added {b}?",
+            ]
+        )
         return Paraphrased(q.format(n=n, item=item, a=a, b=b), a + b, kind, {"a": a, "b": b})
     if kind == "loss":
         a, b = r.randint(130, 500), r.randint(31, 99)
-        q = r.choice(["How many {item} does {n} still have, after starting with {a} and handing {b} to a cousin?",
-                      "How many {item} are left in {n}'s collection of {a} once {b} of them have been sold?"])
+        q = r.choice(
+            [
+                "How many {item} does {n} still have, after starting with {a} and handing {b} to a cousin?",
+                "How many {item} are left in {n}'s collection of {a} once {b} of them have been sold?",
+            ]
+        )
         return Paraphrased(q.format(n=n, item=item, a=a, b=b), a - b, kind, {"a": a, "b": b})
     g, k, box = r.randint(2, 9), r.randint(11, 40), r.choice(CONTAINERS)
-    q = r.choice(["How many {item} does {n} have in total, with {g} {box} holding {k} {item} apiece?",
-                  "What is the total count of {item} across {g} {box}, if every one of them holds {k}?"])
+    q = r.choice(
+        [
+            "How many {item} does {n} have in total, with {g} {box} holding {k} {item} apiece?",
+            "What is the total count of {item} across {g} {box}, if every one of them holds {k}?",
+        ]
+    )
     return Paraphrased(q.format(n=n, item=item, g=WORDS[g], box=box, k=k), g * k, kind, {"g": g, "k": k})
 
 

@@ -1,5 +1,6 @@
 """MathChat problems: generated deterministically from a seed (multi-step arithmetic and number
 theory, exact integer answers) with disjoint train / held-out splits, or loaded from JSONL."""
+
 from __future__ import annotations
 
 import hashlib
@@ -38,13 +39,21 @@ def _two_step(r: random.Random) -> tuple[str, int]:
     c = r.randint(1, min(40, a * b - 1))  # "left" counts are never negative
     kind = r.randrange(3)
     if kind == 0:
-        return (f"{n} buys {a} boxes of {item} with {b} {item} in each box, then gives away {c}. "
-                f"How many {item} does {n} have left?", a * b - c)
+        return (
+            f"{n} buys {a} boxes of {item} with {b} {item} in each box, then gives away {c}. "
+            f"How many {item} does {n} have left?",
+            a * b - c,
+        )
     if kind == 1:
-        return (f"{n} has {a} {item}, finds {c} more, then splits them evenly into {b} bags, keeping "
-                f"the remainder. How many {item} are in each bag?", (a + c) // b)
-    return (f"{n} collects {a} {item} a day for {b} days and already had {c}. "
-            f"How many {item} does {n} have now?", a * b + c)
+        return (
+            f"{n} has {a} {item}, finds {c} more, then splits them evenly into {b} bags, keeping "
+            f"the remainder. How many {item} are in each bag?",
+            (a + c) // b,
+        )
+    return (
+        f"{n} collects {a} {item} a day for {b} days and already had {c}. How many {item} does {n} have now?",
+        a * b + c,
+    )
 
 
 def _number_theory(r: random.Random) -> tuple[str, int]:

@@ -3,6 +3,7 @@
 reported it. An agent whose failure was upstream's gets no score (None: `skipped`, no gradient): a
 "neutral" 5 is not neutral, since REINFORCE++ whitens an agent's scores over its batch, so a 5 among
 higher scores becomes a negative advantage for a failure that was not its own."""
+
 from __future__ import annotations
 
 import re

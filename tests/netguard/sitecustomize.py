@@ -2,6 +2,7 @@
 (children inherit it): a name lookup or a connection to anything but loopback is refused, and written
 to the file $NETGUARD_LOG as `<pid> <call> <destination> <argv>`. Unix sockets and binding are untouched.
 It sees the `socket` module's calls (what requests, httpx, urllib3 and asyncio use), not native resolvers."""
+
 import ipaddress
 import os
 import socket
