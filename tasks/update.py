@@ -33,6 +33,8 @@ from tasks.decoupled import Turn, join_turns
 from tasks.losses import ppo_clip_loss
 from tasks.trust_region import kl_tok
 
+NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an update that had nothing to train on
+
 
 def train_items(df) -> list[TrainItem]:
     """The update batch of one weights unit from its roles' action rows: MARS System 2's turns give one
@@ -198,7 +200,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
             "seconds": 0.0,
             "version_after": version_before,
             "skipped": True,
-            "reason": "no scored actions for this agent",
+            "reason": NO_SCORED_ACTIONS,
         }
     else:
         temperature = context.section(run_dir, "rollout", RolloutConfig).temperature

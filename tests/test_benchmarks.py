@@ -4,6 +4,7 @@ the benchmarks report speed, the tests check what they count)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -113,9 +114,11 @@ def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
     s = bench_orchestration.run(quick=True)
     assert [r["way"] for r in s.rows] == ["Prefect flow + store + MLflow", "plain loop of the task functions"]
     assert all(r["update"] > 0 and r["collect_rollouts"] > 0 for r in s.rows) and s.targets[0].ratio > 0
-    # each short stage costs one progress-artifact call, born at 100%: collect, and the updates of the solver
-    # and the executor (the tiny team's verifier is never scored, so its update task trains nothing)
-    assert any("3 progress-artifact calls" in n for n in s.notes), s.notes
+    # every stage with a bar (collect, each update that had scored actions to train on) publishes it at least
+    # once, at its end; a stage that outlasts PUBLISH_EVERY_S publishes more (tests/test_progress.py)
+    calls = [re.search(r"(\d+) progress-artifact calls \(for (\d+) stages with a bar\)", n) for n in s.notes]
+    calls = [m for m in calls if m]
+    assert calls and int(calls[0][1]) >= int(calls[0][2]) >= 1, s.notes
 
 
 @pytest.mark.slow
