@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 from flows.config import RunSettings
 from flows.report import partition_metrics
 from infra import runs, store
+from infra.errors import TeamrlError
 from infra.tracking import Tracker
 from tasks import context
 from tasks.align import AlignConfig, checkpoint_meta, latest_rollout_iteration, probe_set, stage0_align
@@ -34,7 +35,7 @@ from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 
 
-class AlignError(ValueError):
+class AlignError(TeamrlError, ValueError):
     """A run, an agent or options that cannot be aligned; the message says why."""
 
 

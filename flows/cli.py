@@ -8,9 +8,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from flows.config import ConfigError, load_config, preset_names, validate
+from flows.config import load_config, preset_names, validate
+from infra.errors import TeamrlError
 from tasks.align import AlignConfig
 
 app = typer.Typer(
@@ -25,8 +27,21 @@ err = Console(stderr=True)
 
 
 def _fail(msg: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)  # one line, however narrow the terminal or log
+    # one line, however narrow the terminal or log; the message's brackets (`.[gpu]`) are text, not markup
+    err.print(f"[bold red]error:[/] {escape(msg)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+# what the user can act on (infra/errors.py), and the OS's answers about the paths they named: one line, status 2
+USER_ERRORS = (TeamrlError, FileNotFoundError, FileExistsError)
+
+
+def _user_error(e: Exception, finish: str | None = None):
+    """Exit with `e` as one line; a resumable error raised mid-run says how to `finish` the run."""
+    more = (
+        f". Finished stages are kept: finish the run with {finish}" if finish and getattr(e, "resumable", False) else ""
+    )
+    _fail(f"{e}{more}")
 
 
 @contextmanager
@@ -67,12 +82,12 @@ def train(
     """Train a team with a preset (or YAML file), e.g. `teamrl train tiny --set iterations=2`."""
     try:
         cfg = load_config(preset, (set_ or []) + (overrides or []))
-    except ConfigError as e:
-        _fail(str(e))
+    except USER_ERRORS as e:
+        _user_error(e)
     from flows.report import run_table
     from flows.train import train as train_flow
     from infra.interrupt import by_ctrl_c
-    from infra.runs import RunConfigError, RunLockedError, RunShrinkError, new_run_id
+    from infra.runs import new_run_id
 
     keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
     if resume and (ignored := sorted(keys - {"iterations", "run.dir"})):
@@ -88,8 +103,8 @@ def train(
             )
     except KeyboardInterrupt:
         _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
-    except (FileExistsError, FileNotFoundError, RunConfigError, RunLockedError, RunShrinkError) as e:
-        _fail(str(e))
+    except USER_ERRORS as e:  # refused before the run's folder was made: nothing to finish
+        _user_error(e, finish if (Path(cfg.run.dir) / rid).exists() else None)
     except Exception as e:  # the traceback, then how to finish the run
         if by_ctrl_c(e):
             _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
@@ -196,8 +211,8 @@ def eval_cmd(
                 iteration = 0
         if user := runs.read_run_config(run_dir).get("problems"):  # a file changed since: refused here
             context.problems(str(run_dir), "eval")
-    except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+    except USER_ERRORS as e:
+        _user_error(e)
     finish = (
         f"`teamrl eval {run_dir.name} --dir {runs_dir}` finishes the rest"
         if model or problems
@@ -209,8 +224,8 @@ def eval_cmd(
                 m = evaluate(str(run_dir), iteration)
         except KeyboardInterrupt:
             _fail(f"interrupted. Finished evaluation partitions are kept: {finish}", code=130)
-        except FileNotFoundError as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
-            _fail(str(e))
+        except USER_ERRORS as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
+            _user_error(e)
     what = f"your problems ({Path(user['file']).name})" if user else f"held-out evaluation at iteration {iteration}"
     t = Table(title=f"{run_dir.name}: {what}")
     t.add_column("metric"), t.add_column("value", justify="right")
@@ -276,10 +291,9 @@ def align(
     rollouts, until it is <= delta0. Saves the aligned agent as its next checkpoint version and compares
     held-out success before the swap, after a direct swap, and after the alignment. Only `--init fresh`
     (a new agent on the run's base model) is supported; another base model or size is out of scope."""
-    from flows.align import AlignError, plan
     from flows.align import align as align_flow
+    from flows.align import plan
     from infra import runs
-    from infra.runs import RunLockedError
 
     try:
         cfg = validate(
@@ -299,8 +313,8 @@ def align(
             result = align_flow(str(run_dir), cfg)
     except KeyboardInterrupt:
         _fail("interrupted; run the same command again to align the agent", code=130)
-    except (ConfigError, FileNotFoundError, AlignError, RunLockedError) as e:
-        _fail(str(e))
+    except USER_ERRORS as e:
+        _user_error(e)
     _swap_table(result)
 
 
@@ -384,15 +398,15 @@ def runs_show(
 
     try:
         run_dir = runs.find_run(runs_dir, run_id)
-    except FileNotFoundError as e:
-        _fail(str(e))
+    except USER_ERRORS as e:
+        _user_error(e)
     if episode is not None:
         from flows.inspection import transcript
 
         try:
             text = transcript(run_dir, episode, iteration, phase, max_chars=max_chars or None)
-        except ValueError as e:
-            _fail(str(e))
+        except USER_ERRORS as e:
+            _user_error(e)
         console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
         return
     _show_table(run_table(run_dir), run_dir.name)
@@ -440,8 +454,8 @@ def runs_export(
     try:
         run_dir = runs.find_run(runs_dir, run_id)
         path, rows = export(run_dir, fmt, out, overwrite=overwrite, tokens=tokens)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        _fail(str(e))
+    except USER_ERRORS as e:
+        _user_error(e)
     console.print(f"exported {rows} actions to {path}", markup=False, highlight=False)
 
 

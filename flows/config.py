@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.engines.config import EnginesConfig
+from infra.errors import TeamrlError
 from infra.models import ModelConfig
 from infra.policy import CheckpointConfig
 from pipelines import PIPELINES, MathChatConfig, PipelineConfig
@@ -91,7 +92,7 @@ class RunConfig(BaseModel):
         return self
 
 
-class ConfigError(ValueError):
+class ConfigError(TeamrlError, ValueError):
     """A config problem; the message names the field."""
 
 

@@ -14,7 +14,10 @@ from prefect import flow
 
 from flows.report import partition_metrics
 from infra import runs, store
-from infra.policy import OPTIMIZER, latest_version, saved_checkpoint
+from infra.engines import require
+from infra.engines.config import EnginesConfig
+from infra.errors import UsageError
+from infra.policy import OPTIMIZER, checkpoint_dir, latest_version, saved_checkpoint
 from infra.registry import resolve
 from pipelines.base import role_versions
 from tasks import context
@@ -35,6 +38,7 @@ def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
 @flow(name="evaluate", flow_run_name="evaluate-{iteration}")
 def evaluate(run_dir: str, iteration: int) -> dict[str, float]:
     """Held-out success (greedy) with a 95% bootstrap interval, pass@k, and per-agent statistics."""
+    require("generation", context.section(run_dir, "engines", EnginesConfig).generation)
     return evaluate_partition(run_dir, iteration)
 
 
@@ -62,7 +66,7 @@ def _new_team(runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Pat
         if src is not None:  # the team only plays: no update reads optimizer state here
             shutil.copytree(
                 src,
-                Path(runs_dir) / new_id / "checkpoints" / agent / "v0000",
+                checkpoint_dir(Path(runs_dir) / new_id, agent, 0),
                 ignore=shutil.ignore_patterns(OPTIMIZER),
                 copy_function=_link_or_copy,
             )
@@ -87,7 +91,7 @@ def problems_team(
     records the file (section `problems`, with its SHA-256) and the source (section `source`). Each call
     makes a new folder; the source run is not modified."""
     if not 0 <= iteration <= (last := last_iteration(source)):
-        raise ValueError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
+        raise UsageError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
     cfg = runs.read_run_config(source)
     extra = _problems_config(source, cfg, problems, docs)
     versions = store.agent_versions(source, context.units(str(source)), iteration)
@@ -119,7 +123,7 @@ def registered_team(
             local, mv = resolve(uri, tracking_uri, Path(tmp) / str(i))
             agent = mv.tags["teamrl.agent"]
             if agent in got:
-                raise ValueError(f"two --model options for agent {agent!r}: {got[agent][2]} and {uri}")
+                raise UsageError(f"two --model options for agent {agent!r}: {got[agent][2]} and {uri}")
             got[agent] = (local, mv, uri)
         first = next(iter(got.values()))[1]
         source = runs.find_run(runs_dir, run_id) if run_id else Path(first.tags.get("teamrl.run_dir", ""))
@@ -132,11 +136,11 @@ def registered_team(
         agents = context.units(str(source))  # what is registered: the weights units
         for agent, (_, mv, uri) in got.items():
             if agent not in agents:
-                raise ValueError(f"{uri} is agent {agent!r}; run {source.name}'s team is {agents}")
+                raise UsageError(f"{uri} is agent {agent!r}; run {source.name}'s team is {agents}")
             want = (cfg["model"]["name"], cfg["model"]["weights"])
             have = (mv.tags.get("teamrl.model"), mv.tags.get("teamrl.weights"))
             if have != want:
-                raise ValueError(
+                raise UsageError(
                     f"{uri} was trained on model {have[0]} ({have[1]} weights); run {source.name} uses "
                     f"{want[0]} ({want[1]}): pass a run with the same base model"
                 )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from infra import store
+from infra.errors import UsageError
 from infra.policy import OPTIMIZER
 
 FORMATS = ("jsonl", "csv")
@@ -78,7 +79,7 @@ def export(
     """
     fmt = fmt.lower()
     if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+        raise UsageError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
     out = Path(out) if out is not None else default_export_path(run_dir, fmt)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or another path")
@@ -127,12 +128,12 @@ def transcript(
     if phase is not None:
         found = found[found["phase"] == phase]
     if not len(found):
-        raise ValueError(_unknown_episode(run_dir, episodes, episode_id, iteration, phase))
+        raise UsageError(_unknown_episode(run_dir, episodes, episode_id, iteration, phase))
     it = int(found["iteration"].max())
     chosen = found[found["iteration"] == it]
     if len(chosen) > 1:
         phases = ", ".join(sorted(chosen["phase"]))
-        raise ValueError(
+        raise UsageError(
             f"episode {episode_id!r} is in several phases of iteration {it} ({phases}); pass phase= (CLI: --phase)"
         )
     ep = chosen.iloc[0]

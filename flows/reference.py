@@ -72,8 +72,9 @@ def cli_page() -> str:
         "",
         f"<!-- {REGENERATE} -->",
         "",
-        "Every `teamrl` command's `--help`. A bad argument or config prints one `error:` line and exits "
-        "with code 2; Ctrl-C stops within seconds and exits with code 130 (see "
+        "Every `teamrl` command's `--help`. A bad argument or config, or any other error the user can act on "
+        "(a `TeamrlError`, `infra/errors.py`: a full disk, a missing engine library), prints one `error:` line "
+        "and exits with code 2; Ctrl-C stops within seconds and exits with code 130 (see "
         "[what survives what](../operations/faults.md)).",
         "",
     ]

@@ -104,10 +104,10 @@ def group_success(eps: pd.DataFrame) -> dict[str, float]:
     """`success/<group>`: the success rate of `eps` per group of problems, where their pipeline groups them
     (Pipeline.group_of; DSBench: per dataset, so held-out success shows which unseen datasets the team solves)."""
     from pipelines import PIPELINES  # a slow import (every pipeline): only evaluation partitions need it
-    from pipelines.base import Problem, problem_group
+    from pipelines.base import Problem
 
-    cls = PIPELINES.get(eps["pipeline"].iloc[0])
-    groups = [problem_group(cls, Problem(t, q, a)) for t, q, a in zip(eps["task_id"], eps["question"], eps["answer"])]
+    group_of = PIPELINES[eps["pipeline"].iloc[0]].group_of
+    groups = [group_of(Problem(t, q, a)) for t, q, a in zip(eps["task_id"], eps["question"], eps["answer"])]
     df = pd.DataFrame({"group": groups, "success": eps["success"].astype(float).to_numpy()})
     rates = df.groupby("group")["success"].mean()  # a problem without a group (None) is left out
     return {f"success/{g}": float(r) for g, r in rates.items()}

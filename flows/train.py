@@ -20,9 +20,9 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
 from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
-from infra import flow_runs, runs, store
+from infra import engines, flow_runs, runs, store
 from infra.interrupt import by_ctrl_c
-from infra.policy import OPTIMIZER, latest_version, prune_checkpoints
+from infra.policy import OPTIMIZER, checkpoint_dir, latest_version, prune_checkpoints
 from infra.registry import registered_checkpoints
 from infra.tracking import Tracker
 from pipelines.base import role_versions
@@ -83,38 +83,28 @@ def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
     return out
 
 
-def score_partition(
-    run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, plain: bool = False, **kw
-) -> None:
+def rollout_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
     """collect_rollouts (System-1 `extract` runs inside, per turn) -> coach_evaluate -> compute_advantages."""
-
-    def call(stage):  # a Prefect task run, or (plain) the task's function
-        return stage.fn if plain else stage
-
-    timed(seconds, "collect_rollouts", call(collect_rollouts), run_dir, k, phase, versions, **kw)
-    timed(seconds, "coach_evaluate", call(coach_evaluate), run_dir, k, phase)
-    timed(seconds, "compute_advantages", call(compute_advantages), run_dir, k, phase)
+    timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
+    timed(seconds, "coach_evaluate", coach_evaluate, run_dir, k, phase)
+    timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
 
 
-def iteration(
-    run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int, plain: bool = False
-) -> dict[str, float]:
+def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
     """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
-    included). `plain`: the tasks' functions called directly, without Prefect task runs
-    (benchmarks/bench_orchestration.py measures the difference)."""
+    included)."""
     seconds: dict[str, float] = {}
     roles = context.weights(run_dir)
     versions = store.agent_versions(run_dir, agents, k - 1)
-    score_partition(run_dir, k, "rollout", role_versions(roles, versions), seconds, plain)
+    rollout_partition(run_dir, k, "rollout", role_versions(roles, versions), seconds)
     current = dict(versions)  # the partially updated team
     for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
-            score_partition(
-                run_dir, k, phase, role_versions(roles, current), seconds, plain, questions=algo.resample_questions
+            rollout_partition(
+                run_dir, k, phase, role_versions(roles, current), seconds, questions=algo.resample_questions
             )
-        step = update.fn if plain else update.with_options(task_run_name=f"update-{agent}")
-        v = timed(seconds, "update", step, run_dir, k, phase, agent, versions[agent])
+        v = timed(seconds, "update", update, run_dir, k, phase, agent, versions[agent])
         if algo.strategy != "joint":
             current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
@@ -165,7 +155,7 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
     rd = str(run_dir)
     with no_heartbeat():
         m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
-    if types := getattr(context.pipeline(rd), "task_types", None):  # the coach-bias monitor
+    if types := context.pipeline(rd).task_types:  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
     publish_iteration(run_dir, k, m, list(dict.fromkeys([*context.weights(rd), *agents])))  # roles' and units' rows
@@ -308,6 +298,8 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
     """Train a team. `resume`: the id of a run to finish (finished stages are not redone);
     `iterations` with `resume`: train the run on to this many iterations (never fewer than saved)."""
     logger = get_run_logger()
+    if not resume:  # before a folder is made for a run that cannot start here
+        engines.check(config.engines)
     run_dir, reopened = prepare_run(config, resume)
     _name_flow_run(config.pipeline.name, run_dir)
     with runs.run_lock(run_dir):
@@ -319,13 +311,15 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             runs.extend_run(run_dir, iterations)
             context.forget(str(run_dir))
         cfg = saved_config(run_dir)
+        if reopened:
+            engines.check(cfg.engines)
         if reopened and (n := runs.remove_temporaries(run_dir)):
             logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)
         agents = context.units(rd)  # the weights units: what is updated, checkpointed and registered
         policy = context.policy(rd)
         for a in agents:  # version 0 on disk makes every later load (and a resume) exact
-            if not (run_dir / "checkpoints" / a / "v0000").exists():
+            if not checkpoint_dir(run_dir, a, 0).exists():
                 policy.load(rd, a, 0)  # the initial weights
                 policy.save(rd, a, 0)
         tracker = Tracker(

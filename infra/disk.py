@@ -11,12 +11,16 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.errors import TeamrlError
+
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskFullError(OSError):
+class DiskFullError(TeamrlError, OSError):
     """A write ran out of disk space: `errno` is ENOSPC (or EDQUOT), `filename` the path being written, and the
     message names it and the free space left on its file system."""
+
+    resumable = True
 
     def __str__(self) -> str:
         return self.strerror

@@ -6,7 +6,8 @@ every hit from the n-th on raises `InjectedFault` instead (so task retries fail 
 the flow run as Failed, the case `prefect flow-run retry` is for.
 
 Points: a DAG stage name (collect_rollouts, extract, coach_evaluate, compute_advantages, resample,
-update) fires in the middle of that stage, after its work and before its output is written;
+update, stage0_align) fires in the middle of that stage, after its work and before its last table is
+written (tasks/stage.py; an update's checkpoint is part of its work);
 `partition` fires inside a Parquet write (temp file written, not yet renamed); `checkpoint` inside a
 checkpoint write (folder written, not yet renamed into place).
 """

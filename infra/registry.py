@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.errors import UsageError
+
 URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))$")
 SUCCESS_TAG = "teamrl.eval_success"
 
@@ -93,7 +95,7 @@ def resolve(uri: str, tracking_uri: str, dst: str | Path):
 
     m = URI_RE.match(uri)
     if not m:
-        raise ValueError(f"{uri!r} is not a registry URI: expected models:/<name>@<alias> or models:/<name>/<version>")
+        raise UsageError(f"{uri!r} is not a registry URI: expected models:/<name>@<alias> or models:/<name>/<version>")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         mv = (
@@ -103,10 +105,10 @@ def resolve(uri: str, tracking_uri: str, dst: str | Path):
         )
     except MlflowException as e:
         known = sorted(r.name for r in client.search_registered_models())
-        raise ValueError(
+        raise UsageError(
             f"{uri}: {e.message.splitlines()[0]} (registered models in {tracking_uri}: {', '.join(known) or 'none'})"
         ) from None
     if "teamrl.agent" not in mv.tags:
-        raise ValueError(f"{uri} (version {mv.version}) was not registered by teamrl: it has no teamrl.agent tag")
+        raise UsageError(f"{uri} (version {mv.version}) was not registered by teamrl: it has no teamrl.agent tag")
     local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst), tracking_uri=tracking_uri)
     return Path(local), mv

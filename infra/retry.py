@@ -12,6 +12,8 @@ from collections.abc import Callable
 from time import sleep
 from typing import Literal, TypeVar
 
+from infra.errors import TeamrlError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -50,8 +52,10 @@ def with_retries(fn: Callable[[], T], kind: InfraKind, what: str, retries: int =
     raise AssertionError("unreachable")
 
 
-class InfraFaultsExceeded(RuntimeError):
+class InfraFaultsExceeded(TeamrlError, RuntimeError):
     """Too many of a partition's actions met infrastructure faults to train on."""
+
+    resumable = True
 
 
 def infra_share_check(hit: int, total: int, limit: float, where: str, first: str | None) -> None:

@@ -14,18 +14,20 @@ from pathlib import Path
 
 import yaml
 
+from infra.errors import TeamrlError
+
 log = logging.getLogger(__name__)
 
 
-class RunConfigError(ValueError):
+class RunConfigError(TeamrlError, ValueError):
     """A run's config.yaml cannot be read: not valid YAML, not a mapping, or not a readable file."""
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(TeamrlError, RuntimeError):
     """Another process is writing this run."""
 
 
-class RunShrinkError(ValueError):
+class RunShrinkError(TeamrlError, ValueError):
     """A resumed run cannot get fewer iterations than it was configured for."""
 
 

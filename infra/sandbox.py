@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra import sandbox_slots
+from infra.errors import TeamrlError
 from infra.retry import infra_record
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,10 @@ def sandbox_fault(r: SandboxResult | None) -> str | None:
     return infra_record("sandbox", r.infra_error) if r is not None and r.infra_error else None
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(TeamrlError, RuntimeError):
     """Strict isolation was configured but bubblewrap cannot run here."""
+
+    resumable = True
 
 
 @dataclass

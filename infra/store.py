@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.disk import writing
+from infra.errors import TeamrlError
 from infra.faults import crash_point
 
 KEYS = ["run_id", "iteration", "phase", "episode_id", "turn", "agent"]
@@ -143,8 +144,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-class StoreError(RuntimeError):
+class StoreError(TeamrlError, RuntimeError):
     """A table file could not be read; the message names the file."""
+
+    resumable = True
 
 
 def partition_dir(run_dir: str | Path, table: str, iteration: int, phase: str) -> Path:
@@ -190,9 +193,15 @@ def write_partition(
 
 
 def read_table(
-    run_dir: str | Path, table: str, iteration: int | None = None, phase: str | None = None, arrow: bool = False
+    run_dir: str | Path,
+    table: str,
+    iteration: int | None = None,
+    phase: str | None = None,
+    arrow: bool = False,
+    name: str | None = None,
 ):
-    """Read a table (optionally one iteration/phase) as a pandas DataFrame with ArrowDtype columns.
+    """Read a table (optionally one iteration/phase, and of it the file `name` of `write_partition`) as a
+    pandas DataFrame with ArrowDtype columns.
 
     A corrupt or truncated file raises StoreError naming it; other partitions are unaffected
     (read them with `iteration=`/`phase=` filters).
@@ -201,7 +210,7 @@ def read_table(
     schema = SCHEMAS[table]
     pattern = (
         f"iteration={iteration if iteration is not None else '*'}/"
-        f"phase={phase if phase is not None else '*'}/part-*.parquet"
+        f"phase={phase if phase is not None else '*'}/part-{name if name is not None else '*'}.parquet"
     )
     files = sorted(root.glob(pattern))
     pieces = []

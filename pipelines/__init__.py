@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import Discriminator, Tag, TypeAdapter
 
+from infra.plugins import Registry
 from pipelines.base import AgentSpec, Pipeline, Problem
 from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.dsbench import DSBench, DSBenchConfig
@@ -30,7 +31,9 @@ def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig | DSBenchC
     return TypeAdapter(PipelineConfig).validate_python(raw)
 
 
-PIPELINES: dict[str, type[Pipeline]] = {"mathchat": MathChat, "deepresearch": DeepResearch, "dsbench": DSBench}
+PIPELINES: Registry[type[Pipeline]] = Registry("pipeline")
+for _cls in (MathChat, DeepResearch, DSBench):
+    PIPELINES.register(_cls.name, _cls)
 
 
 def build_pipeline(cfg: MathChatConfig | DeepResearchConfig | DSBenchConfig, seed: int) -> Pipeline:

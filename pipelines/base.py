@@ -101,9 +101,34 @@ class Pipeline(Protocol):
         """System 1's prompt for one packed bin (dual-system pipelines only)."""
 
     @staticmethod
-    def group_of(problem: Problem) -> str:
-        """Optional (`problem_group`): the group of a problem, e.g. DSBench's dataset; held-out success is also
-        reported per group. Static: reports call it on the class, with problems rebuilt from stored episodes."""
+    def group_of(problem: Problem) -> str | None:
+        """The group of a problem, e.g. DSBench's dataset (None: the pipeline does not group its problems);
+        held-out success is also reported per group. Static: reports call it on the class, with problems
+        rebuilt from stored episodes."""
+
+    # (metric key, {metric value: task type}): turns on the coach-bias monitor per task type, or None
+    task_types: tuple[str, dict[float, str]] | None
+
+    def stop(self, agent: str) -> tuple[str, ...]:
+        """Strings that end `agent`'s reply (besides end-of-sequence)."""
+
+
+class PipelineBase:
+    """What a pipeline may leave out of the `Pipeline` protocol: the defaults of its optional hooks. Every
+    pipeline subclasses it, so a generic stage calls a hook without asking whether the pipeline has it."""
+
+    answer_blind_rubric = False
+    task_types: tuple[str, dict[float, str]] | None = None
+
+    @staticmethod
+    def group_of(problem: Problem) -> str | None:
+        return None
+
+    def stop(self, agent: str) -> tuple[str, ...]:
+        return ()
+
+    def system1_chat(self, purpose: str, text: str) -> list[dict]:
+        raise NotImplementedError(f"{type(self).__name__} has no System 1 (no agent with system=1)")
 
 
 def own_weights(agents: list[AgentSpec]) -> dict[str, str]:
@@ -119,12 +144,6 @@ def weight_units(weights: dict[str, str]) -> list[str]:
 def role_versions(weights: dict[str, str], versions: dict[str, int]) -> dict[str, int]:
     """Each role's policy version from its weights' `versions` (keyed by weights unit)."""
     return {role: versions[w] for role, w in weights.items()}
-
-
-def problem_group(pipeline, problem: Problem) -> str | None:
-    """The pipeline's `group_of(problem)`, or None for a pipeline that does not group its problems."""
-    group_of = getattr(pipeline, "group_of", None)
-    return group_of(problem) if group_of else None
 
 
 def no_blind_rubric(pipeline: str) -> str:

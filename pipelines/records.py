@@ -6,18 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from infra.errors import UsageError
+
 
 def records(path: str | Path) -> list[tuple[str, dict]]:
     """("file:line", object) for each non-blank line of a JSONL file."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+        raise UsageError(f"{path}: no such file")
     data = path.read_bytes()
     try:
         text = data.decode()
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not UTF-8 text") from e
+        raise UsageError(f"{path}:{line}: not UTF-8 text") from e
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -25,12 +27,12 @@ def records(path: str | Path) -> list[tuple[str, dict]]:
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: invalid JSON: {e}") from e
+            raise UsageError(f"{path}:{i}: invalid JSON: {e}") from e
         if not isinstance(d, dict):
-            raise ValueError(f"{path}:{i}: expected a JSON object, got {type(d).__name__}")
+            raise UsageError(f"{path}:{i}: expected a JSON object, got {type(d).__name__}")
         out.append((f"{path}:{i}", d))
     if not out:
-        raise ValueError(f"{path}: empty file")
+        raise UsageError(f"{path}: empty file")
     return out
 
 
@@ -42,21 +44,21 @@ def check_fields(
     optional = optional or {}
     fields = ", ".join([*required, *(f"{k}?" for k in optional)])
     if missing := [k for k in required if k not in d]:
-        raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (fields: {fields})")
+        raise UsageError(f"{where}: missing field(s) {', '.join(missing)} (fields: {fields})")
     if unknown := [k for k in d if k not in required and k not in optional]:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (fields: {fields})")
+        raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)} (fields: {fields})")
     for k, v in d.items():
         types = required.get(k) or optional[k]
         if isinstance(v, bool) or not isinstance(v, types):
             names = " or ".join({str: "a string", int: "an integer", float: "a number"}[t] for t in types)
-            raise ValueError(f"{where}: {k} must be {names}, got {json.dumps(v)}")
+            raise UsageError(f"{where}: {k} must be {names}, got {json.dumps(v)}")
         if isinstance(v, str) and not v.strip():
-            raise ValueError(f"{where}: empty {k}")
+            raise UsageError(f"{where}: empty {k}")
 
 
 def no_docs(pipeline: str, docs: str | None) -> None:
     """Refuse a documents file for a pipeline whose problems hold all they need."""
     if docs:
-        raise ValueError(
+        raise UsageError(
             f"{docs}: the {pipeline} pipeline takes no documents file (--docs): its problems hold all they need"
         )

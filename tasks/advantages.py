@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infra.plugins import Registry
+
 
 @dataclass
 class Sample:
@@ -78,15 +80,9 @@ def whiten(values: list[np.ndarray], eps: float = 1e-6, scale: bool = True) -> l
     return [(v - mean) / std for v in values]
 
 
-ESTIMATORS: dict[str, Callable[..., list[np.ndarray]]] = {}
-
-
-def register(name: str):
-    def deco(fn):
-        ESTIMATORS[name] = fn
-        return fn
-
-    return deco
+# algorithm.estimator -> fn(samples, **kwargs) -> one advantage array per sample
+ESTIMATORS: Registry[Callable[..., list[np.ndarray]]] = Registry("estimator")
+register = ESTIMATORS.register
 
 
 @register("reinforce_pp")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class AlgorithmConfig(BaseModel):
@@ -56,6 +56,7 @@ class AlgorithmConfig(BaseModel):
         "of each action; `agent`: continues across the agent's later actions",
     )
     outcome_weight: float = Field(0.0, ge=0, le=1, description="w in s = (1-w)*coach/10 + w*outcome")
+    loss: str = Field("ppo_clip", description="policy loss from the registry (tasks/losses.py LOSSES): ppo_clip")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon")
     whiten_eps: float = Field(1e-6, gt=0, description="epsilon added to the std when normalising advantages")
     lr: float = Field(2e-4, gt=0, le=1, description="AdamW learning rate of each agent's trainable weights")
@@ -81,11 +82,13 @@ class AlgorithmConfig(BaseModel):
             )
         return self
 
-    @field_validator("estimator")
+    @field_validator("estimator", "loss")
     @classmethod
-    def _known_estimator(cls, v: str) -> str:
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
         from tasks.advantages import ESTIMATORS
+        from tasks.losses import LOSSES
 
-        if v not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {v!r}; choose one of {sorted(ESTIMATORS)}")
+        registry = {"estimator": ESTIMATORS, "loss": LOSSES}[info.field_name]
+        if v not in registry:
+            raise ValueError(f"unknown {info.field_name} {v!r}; choose one of {sorted(registry)}")
         return v

@@ -27,15 +27,16 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from prefect import task
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra import store
 from infra.generation import response_logits
+from infra.policy import checkpoint_dir
 from infra.progress import progress_bar
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.collect_rollouts import RolloutConfig
+from tasks.stage import stage
 
 INITS = ("fresh",)
 
@@ -221,14 +222,21 @@ def probe_set(run_dir: str, iteration: int, agent: str, size: int) -> list[Probe
 
 
 def checkpoint_meta(run_dir: str | Path, agent: str, version: int) -> dict:
-    return json.loads((Path(run_dir) / "checkpoints" / agent / f"v{version:04d}" / "meta.json").read_text())
+    return json.loads((checkpoint_dir(run_dir, agent, version) / "meta.json").read_text())
 
 
-def run_alignment(run_dir: str, iteration: int, version_before: int, cfg: AlignConfig) -> dict:
+@stage(
+    "updates",
+    phase="align",
+    part=lambda p: p["cfg"].agent,
+    returns=lambda out: checkpoint_meta(out.run_dir, out.part, int(out.read("updates")["version_after"].iloc[0])),
+    task_run_name="stage0-{cfg.agent}",
+)
+def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignConfig) -> list[dict]:
     """Align a fresh `cfg.agent` (its version-0 weights) to its version `version_before` on iteration
-    `iteration`'s probe set; save the result as version `version_before + 1` (meta `stage0: true`), then
-    write an `updates` row (phase `align`, strategy `stage0`) so that this version is the agent's version
-    after the iteration. Returns the checkpoint's meta."""
+    `iteration`'s probe set; save the result as version `version_before + 1` (meta `stage0: true`), and
+    an `updates` row (phase `align`, strategy `stage0`) so that this version is the agent's version after
+    the iteration. A call returns the new checkpoint's meta."""
     agent = cfg.agent
     policy = context.policy(run_dir)
     temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
@@ -297,19 +305,4 @@ def run_alignment(run_dir: str, iteration: int, version_before: int, cfg: AlignC
         "skipped": False,
         "reason": reason,
     }
-    store.write_partition(run_dir, "updates", iteration, "align", [row], name=agent)
-    return checkpoint_meta(run_dir, agent, version_after)
-
-
-def _key(ctx, params) -> str:
-    agent = params["cfg"].agent
-    done = store.partition_exists(params["run_dir"], "updates", params["iteration"], "align", name=agent)
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], "align", "stage0_align", agent)
-
-
-@task(name="stage0_align", cache_key_fn=_key, persist_result=True, task_run_name="stage0-{cfg.agent}")
-def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignConfig) -> dict:
-    """Stage-0 alignment of `cfg.agent` (skipped when its `updates` row is written); the new checkpoint's meta."""
-    if store.partition_exists(run_dir, "updates", iteration, "align", name=cfg.agent):
-        return checkpoint_meta(run_dir, cfg.agent, version_before + 1)
-    return run_alignment(run_dir, iteration, version_before, cfg)
+    return [row]

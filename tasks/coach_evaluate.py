@@ -5,15 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from prefect import task
-
 from infra import store
-from infra.faults import crash_point
 from infra.retry import InfraFault, infra_kind, infra_record, infra_share_check, with_retries
 from pipelines.base import Episode, Problem
 from tasks import context
 from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
 from tasks.collect_rollouts import RolloutConfig
+from tasks.stage import stage
 
 
 def load_partition_episodes(run_dir: str, iteration: int, phase: str) -> list[Episode]:
@@ -97,46 +95,37 @@ def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list
     return out
 
 
-def _key(ctx, params) -> str:
-    done = store.partition_exists(params["run_dir"], "coach", params["iteration"], params["phase"], name="all")
-    return context.prefect_cache_key(params["run_dir"], done, params["iteration"], params["phase"], "coach_evaluate")
-
-
-@task(name="coach_evaluate", cache_key_fn=_key, persist_result=True, retries=2, retry_delay_seconds=5)
-def coach_evaluate(run_dir: str, iteration: int, phase: str) -> str:
-    """Score every action of the partition (skipped when its coach partition is complete)."""
-    if not store.partition_exists(run_dir, "coach", iteration, phase, name="all"):
-        cfg = context.section(run_dir, "coach", CoachConfig)
-        episodes = load_partition_episodes(run_dir, iteration, phase)
-        results = score_episodes(run_dir, episodes)
-        faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
-        infra_share_check(
-            len(faults),
-            sum(map(len, results)),
-            context.section(run_dir, "rollout", RolloutConfig).max_infra_share,
-            f"iteration {iteration}, {phase} (coach)",
-            faults[0] if faults else None,
-        )
-        model = cfg.model if cfg.backend == "llm" else cfg.backend
-        run_id = context.value(run_dir, "run_id")
-        rows = [
-            {
-                "run_id": run_id,
-                "iteration": iteration,
-                "phase": phase,
-                "episode_id": e.episode_id,
-                "turn": int(a["turn"]),
-                "agent": a["agent"],
-                "score": r.score,
-                "rationale": r.rationale,
-                "coach_model": model,
-                "latency_s": r.latency_s,
-                "status": r.status,
-                "error_kind": r.error_kind,
-            }
-            for e, rs in zip(episodes, results)
-            for a, r in zip(e.actions, rs)
-        ]
-        crash_point("coach_evaluate")
-        store.write_partition(run_dir, "coach", iteration, phase, rows, name="all")
-    return str(Path(run_dir) / "coach" / f"iteration={iteration}" / f"phase={phase}")
+@stage("coach", retries=2, retry_delay_seconds=5)
+def coach_evaluate(run_dir: str, iteration: int, phase: str) -> list[dict]:
+    """Score every action of the partition."""
+    cfg = context.section(run_dir, "coach", CoachConfig)
+    episodes = load_partition_episodes(run_dir, iteration, phase)
+    results = score_episodes(run_dir, episodes)
+    faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
+    infra_share_check(
+        len(faults),
+        sum(map(len, results)),
+        context.section(run_dir, "rollout", RolloutConfig).max_infra_share,
+        f"iteration {iteration}, {phase} (coach)",
+        faults[0] if faults else None,
+    )
+    model = cfg.model if cfg.backend == "llm" else cfg.backend
+    run_id = context.value(run_dir, "run_id")
+    return [
+        {
+            "run_id": run_id,
+            "iteration": iteration,
+            "phase": phase,
+            "episode_id": e.episode_id,
+            "turn": int(a["turn"]),
+            "agent": a["agent"],
+            "score": r.score,
+            "rationale": r.rationale,
+            "coach_model": model,
+            "latency_s": r.latency_s,
+            "status": r.status,
+            "error_kind": r.error_kind,
+        }
+        for e, rs in zip(episodes, results)
+        for a, r in zip(e.actions, rs)
+    ]

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra import store
-from infra.faults import crash_point
-from infra.generation import EnginesConfig, GenerationRequest, encode_chat, score_logprobs
+from infra.generation import EnginesConfig, score_logprobs
 from infra.progress import progress_bar
 from infra.retry import infra_share_check
 from tasks import context
+from tasks.acting import TeamActs
 from tasks.algorithm import AlgorithmConfig
-from tasks.extract import extract
+from tasks.rollout_workers import play_on_ray
+from tasks.stage import stage
 
 
 class RolloutConfig(BaseModel):
@@ -66,7 +64,14 @@ def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None)
     return r.sample(probs, min(n, len(probs)))
 
 
-def play(
+# a crash in a resample is its own fault point: TeamTR's resume tests kill the run there
+@stage(
+    "actions",
+    "episodes",
+    part=lambda p: p["part"],
+    fault=lambda p: "resample" if p["phase"].startswith("resample") else "collect_rollouts",
+)
+def collect_rollouts(
     run_dir: str,
     iteration: int,
     phase: str,
@@ -75,8 +80,9 @@ def play(
     greedy: bool = False,
     part: str = "all",
     questions: int | None = None,
-) -> dict:
-    """Play the episodes of one partition file and write them; returns a small summary.
+) -> dict[str, list[dict]]:
+    """Play the episodes of one partition file: their `actions` and `episodes` rows (the episodes file,
+    written last, marks the pair complete).
 
     part="all": the partition's main episodes (greedy: one per question; else `group_size` per question);
     part="samples": `eval_samples` sampled episodes per question, for pass@k next to the greedy ones.
@@ -102,16 +108,22 @@ def play(
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     if engines.runner == "ray":  # sharded over the rollout actors (tasks/rollout_workers.py)
-        from tasks.rollout_workers import play_on_ray
-
         episodes = play_on_ray(
-            engines.ray, run_dir, versions, plist, eids, gids, greedy, (seed, "sample", iteration, phase, part)
+            engines.ray,
+            run_dir,
+            versions,
+            plist,
+            eids,
+            gids,
+            cfg.temperature,
+            greedy,
+            (seed, "sample", iteration, phase, part),
         )
     else:
         engine = context.generation_engine(run_dir)
         engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
         with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
-            act = _Team(
+            act = TeamActs(
                 engine,
                 tok,
                 pipe,
@@ -182,15 +194,7 @@ def play(
         }
         for e in episodes
     ]
-    # actions first, episodes last: the episodes file marks the partition pair complete.
-    store.write_partition(run_dir, "actions", iteration, phase, rows, name=part)
-    crash_point("resample" if phase.startswith("resample") else "collect_rollouts")
-    store.write_partition(run_dir, "episodes", iteration, phase, ep_rows, name=part)
-    return {
-        "episodes": len(episodes),
-        "success": sum(e.success for e in episodes) / max(1, len(episodes)),
-        "tokens": sum(len(a["response_ids"]) for a in actions),
-    }
+    return {"actions": rows, "episodes": ep_rows}
 
 
 def rescore(policy, actions: list[dict], batch_size: int, temperature: float) -> dict[str, float]:
@@ -214,60 +218,3 @@ def rescore(policy, actions: list[dict], batch_size: int, temperature: float) ->
             gap.setdefault(a["episode_id"], []).extend(abs(x - y) for x, y in zip(a["logprobs"], lp))
             a["logprobs"] = lp
     return {e: float(sum(v) / len(v)) for e, v in gap.items() if v}
-
-
-class _Team:
-    """The pipeline's `Act`: batched generation per agent (the generation engine), the tokenizer, and
-    System-1 extraction."""
-
-    def __init__(self, engine, tokenizer, pipe, temperature, greedy, advance, seed_of, in_flow: bool = True):
-        self.engine, self.tokenizer, self.pipe = engine, tokenizer, pipe
-        self.temperature, self.greedy, self.advance, self.seed_of = temperature, greedy, advance, seed_of
-        self.in_flow = in_flow  # False in a Ray actor: `extract` runs as a plain function there
-        self.calls = 0  # an agent may act on several turns: each call gets its own seed
-
-    def __call__(self, agent: str, prompts: list) -> list:
-        self.calls += 1
-        ids = [p if p and isinstance(p[0], int) else encode_chat(self.tokenizer, p) for p in prompts]
-        cfg = self.pipe.cfg  # a pipeline's budget per agent, and its stop strings where it has them
-        out = self.engine.generate(
-            GenerationRequest(
-                agent,
-                ids,
-                cfg.max_new_tokens.get(agent, 64),
-                temperature=self.temperature,
-                greedy=self.greedy,
-                seed=self.seed_of(agent, self.calls),
-                stop_strings=tuple(getattr(cfg, "stop", ())),
-            )
-        )
-        self.advance()
-        return out
-
-    def extract(self, calls: list) -> list:
-        return (extract if self.in_flow else extract.fn)(self.pipe, self, calls, self.pipe.cfg.bin_tokens)
-
-
-def _key(ctx, params) -> str:
-    part = params.get("part", "all")
-    done = store.partition_exists(params["run_dir"], "episodes", params["iteration"], params["phase"], name=part)
-    return context.prefect_cache_key(
-        params["run_dir"], done, params["iteration"], params["phase"], part, "collect_rollouts"
-    )
-
-
-@task(name="collect_rollouts", cache_key_fn=_key, persist_result=True)
-def collect_rollouts(
-    run_dir: str,
-    iteration: int,
-    phase: str,
-    versions: dict[str, int],
-    split: str = "train",
-    greedy: bool = False,
-    part: str = "all",
-    questions: int | None = None,
-) -> str:
-    """Play one partition file of episodes (skipped when it is already complete); returns its path."""
-    if not store.partition_exists(run_dir, "episodes", iteration, phase, name=part):
-        play(run_dir, iteration, phase, versions, split, greedy, part, questions)
-    return str(Path(run_dir) / "episodes" / f"iteration={iteration}" / f"phase={phase}")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-from prefect import task
 
 from infra import store
-from infra.faults import crash_point
 from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, Sample, blend_score, estimate
 from tasks.algorithm import AlgorithmConfig
 from tasks.balanced_sampling import balanced_counts
+from tasks.stage import stage
 
 
 def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
@@ -88,17 +85,7 @@ def balance_system1(rows: list[dict], mode: str, rng: np.random.Generator) -> No
         r["weight"] = int(c)
 
 
-def _key(ctx, params) -> str:
-    done = store.partition_exists(params["run_dir"], "advantages", params["iteration"], params["phase"], name="all")
-    return context.prefect_cache_key(
-        params["run_dir"], done, params["iteration"], params["phase"], "compute_advantages"
-    )
-
-
-@task(name="compute_advantages", cache_key_fn=_key, persist_result=True)
-def compute_advantages(run_dir: str, iteration: int, phase: str) -> str:
-    if not store.partition_exists(run_dir, "advantages", iteration, phase, name="all"):
-        rows = advantage_rows(run_dir, iteration, phase)
-        crash_point("compute_advantages")
-        store.write_partition(run_dir, "advantages", iteration, phase, rows, name="all")
-    return str(Path(run_dir) / "advantages" / f"iteration={iteration}" / f"phase={phase}")
+@stage("advantages")
+def compute_advantages(run_dir: str, iteration: int, phase: str) -> list[dict]:
+    """Per-token advantages and loss masks of every action of the partition."""
+    return advantage_rows(run_dir, iteration, phase)

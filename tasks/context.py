@@ -14,6 +14,8 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel
 
+from infra.errors import UsageError
+
 T = TypeVar("T", bound=BaseModel)
 
 
@@ -86,7 +88,7 @@ def problems(run_dir: str, split: str) -> list:
         return pipeline(str(run_dir)).problems(split)
     if (now := user_problems(user["file"], user["docs"])) != user:
         changed = [user[k] for k in user["sha256"] if now["sha256"][k] != user["sha256"][k]]
-        raise ValueError(
+        raise UsageError(
             f"{', '.join(changed)} changed since {run_dir} was made from it: evaluate it again with "
             "`teamrl eval RUN --problems FILE`, which makes a new folder"
         )

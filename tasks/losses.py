@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from infra.plugins import Registry
+
+# algorithm.loss -> loss(logp, old_logp, adv, mask, clip_eps) -> (loss, stats); every [B, L] tensor padded
+LOSSES: Registry = Registry("loss")
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum(x * m) / max(sum(m), 1); masked positions never contribute, even when non-finite."""
@@ -16,6 +21,7 @@ def k3(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_r) - log_r
 
 
+@LOSSES.register("ppo_clip")
 def ppo_clip_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -18,6 +18,8 @@ covers one batch of all episodes.
 from __future__ import annotations
 
 from infra.engines.config import RayConfig
+from tasks import context
+from tasks.acting import TeamActs
 
 _WORKERS: dict[tuple, list] = {}
 
@@ -76,6 +78,7 @@ def play_on_ray(
     problems: list,
     episode_ids: list[str],
     group_ids: list[str],
+    temperature: float,
     greedy: bool,
     seed_parts: tuple,
 ) -> list:
@@ -91,6 +94,7 @@ def play_on_ray(
             problems[r.start : r.stop],
             episode_ids[r.start : r.stop],
             group_ids[r.start : r.stop],
+            temperature,
             greedy,
             seed_parts + (j,),
         )
@@ -114,17 +118,14 @@ class RolloutWorker:
         problems: list,
         episode_ids: list[str],
         group_ids: list[str],
+        temperature: float,
         greedy: bool,
         seed_parts: tuple,
     ) -> list:
-        from tasks import context
-        from tasks.collect_rollouts import RolloutConfig, _Team
-
         pipe = context.pipeline(run_dir)
         engine = context.generation_engine(run_dir)
         engine.use(run_dir, versions)
-        temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
-        act = _Team(
+        act = TeamActs(
             engine,
             context.policy(run_dir).tokenizer,
             pipe,

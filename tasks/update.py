@@ -18,10 +18,8 @@ import warnings
 from functools import partial
 
 import numpy as np
-from prefect import task
 
 from infra import store
-from infra.faults import crash_point
 from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
 from infra.trainer import TrainItem, batch_logprobs, interpolate
@@ -30,7 +28,8 @@ from tasks.algorithm import AlgorithmConfig
 from tasks.certificate import Bound, Segment, bound, episode_terms
 from tasks.collect_rollouts import RolloutConfig
 from tasks.decoupled import Turn, join_turns
-from tasks.losses import ppo_clip_loss
+from tasks.losses import LOSSES
+from tasks.stage import stage
 from tasks.trust_region import kl_tok
 
 NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an update that had nothing to train on
@@ -174,7 +173,14 @@ def measure_update(
     return kl, bound(x, y, [str(group[e]) for e in segments], span)
 
 
-def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> dict:
+@stage(
+    "updates",
+    part=lambda p: p["agent"],
+    returns=lambda out: int(out.read("updates")["version_after"].iloc[0]),
+    task_run_name="update-{agent}",
+)
+def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
+    """Update weights unit `agent` from `version_before` (a call returns the version after)."""
     cfg = context.section(run_dir, "algorithm", AlgorithmConfig)
     policy = context.policy(run_dir)
     policy.load(run_dir, agent, version_before)
@@ -214,7 +220,7 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
                 policy,
                 agent,
                 items,
-                partial(ppo_clip_loss, clip_eps=cfg.clip_eps),
+                partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps),
                 lr=cfg.lr,
                 weight_decay=cfg.weight_decay,
                 epochs=cfg.epochs,
@@ -263,7 +269,6 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
             warnings.warn(f"{agent} iteration {iteration}: {row['reason']}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before
         else:
-            crash_point("update")
             row["version_after"] = version_before + 1
             policy.save(
                 run_dir,
@@ -272,24 +277,4 @@ def run_update(run_dir: str, iteration: int, phase: str, agent: str, version_bef
                 optimizer_state=opt_state,
                 extra={"iteration": iteration, "phase": phase},
             )
-    store.write_partition(run_dir, "updates", iteration, phase, [row], name=agent)
-    return row
-
-
-def _key(ctx, params) -> str:
-    done = store.partition_exists(
-        params["run_dir"], "updates", params["iteration"], params["phase"], name=params["agent"]
-    )
-    return context.prefect_cache_key(
-        params["run_dir"], done, params["iteration"], params["phase"], "update", params["agent"]
-    )
-
-
-@task(name="update", cache_key_fn=_key, persist_result=True, task_run_name="update-{agent}")
-def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> int:
-    """Update weights unit `agent` from `version_before`; returns the version after (skipped when already done)."""
-    if store.partition_exists(run_dir, "updates", iteration, phase, name=agent):
-        done = store.read_table(run_dir, "updates", iteration, phase)
-        done = done[done["agent"] == agent]
-        return int(done["version_after"].iloc[0])
-    return int(run_update(run_dir, iteration, phase, agent, version_before)["version_after"])
+    return [row]

@@ -49,6 +49,27 @@ def test_a_gpu_engine_without_its_library_names_the_extra(monkeypatch, kind, nam
         engine_class(kind, name)
 
 
+def test_a_run_whose_engine_is_not_installed_is_refused_before_it_starts(prefect_harness, monkeypatch, tmp_path):
+    """`teamrl train` with engines.generation=vllm where vLLM is missing: one line naming the extra, exit
+    status 2, no traceback, and no run folder made (nothing was loaded or written)."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    monkeypatch.setenv("COLUMNS", "1000")
+    args = ["train", "mathchat-smol", "--set", f"run.dir={tmp_path}", "--set", "engines.generation=vllm"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert "needs vllm, which is not installed" in line and "pip install -e .[gpu]" in line, line
+    assert "Traceback" not in res.output
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()], list(tmp_path.iterdir())
+
+
 def test_the_cpu_install_never_imports_vllm_or_deepspeed(tmp_path):
     """Fake `vllm` and `deepspeed` packages first on the path record any import; the whole package is imported,
     the run config with GPU engines validated, and the CPU engines built by name."""

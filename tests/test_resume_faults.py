@@ -33,8 +33,8 @@ def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.c
     "fault",
     [
         "collect_rollouts:2",  # iteration 1's rollouts generated, actions written, episodes not
-        "update:3",  # iteration 2: the solver trained, its checkpoint not written (the verifier
-        # is never scored on the tiny preset, so each iteration trains 2 agents)
+        "update:4",  # iteration 2: the solver trained and checkpointed, its `updates` row not written (the
+        # point fires in every update; iteration 1 has 3: the verifier, never scored on the tiny preset, skips)
         "partition:9",  # inside a Parquet write: temp file on disk, not renamed
         "checkpoint:5",  # inside a checkpoint write: folder on disk, not renamed
     ],

@@ -18,6 +18,9 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
+from infra.errors import TeamrlError
+from infra.plugins import Registry
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -26,20 +29,20 @@ class EngineSpec:
     extra: str | None = None  # the pyproject extra that installs them
 
 
-REGISTRY: dict[str, dict[str, EngineSpec]] = {
-    "generation": {
-        "hf": EngineSpec("infra.engines.hf:HFGeneration", ()),
-        "vllm": EngineSpec("infra.engines.vllm:VLLMGeneration", ("vllm",), "gpu"),
-    },
-    "trainer": {
-        "torch": EngineSpec("infra.engines.torch:TorchTrainer", ()),
-        "deepspeed": EngineSpec("infra.engines.deepspeed:DeepSpeedTrainer", ("deepspeed",), "gpu"),
-    },
+REGISTRY: dict[str, Registry[EngineSpec]] = {
+    "generation": Registry("generation engine"),
+    "trainer": Registry("trainer engine"),
 }
+REGISTRY["generation"].register("hf", EngineSpec("infra.engines.hf:HFGeneration", ()))
+REGISTRY["generation"].register("vllm", EngineSpec("infra.engines.vllm:VLLMGeneration", ("vllm",), "gpu"))
+REGISTRY["trainer"].register("torch", EngineSpec("infra.engines.torch:TorchTrainer", ()))
+REGISTRY["trainer"].register("deepspeed", EngineSpec("infra.engines.deepspeed:DeepSpeedTrainer", ("deepspeed",), "gpu"))
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(TeamrlError, RuntimeError):
     """An engine name that is unknown, or whose library is not installed."""
+
+    resumable = True
 
 
 def known(kind: str) -> list[str]:
@@ -53,17 +56,30 @@ def missing_packages(kind: str, name: str) -> list[str]:
     return [p for p in _spec(kind, name).requires if importlib.util.find_spec(p) is None]
 
 
+def check(engines) -> None:
+    """Refuse, before a run starts, the engines of an EnginesConfig that cannot be built here (unknown, or
+    their library missing: the error names the extra to install)."""
+    require("generation", engines.generation)
+    require("trainer", engines.trainer)
+
+
 def engine_class(kind: str, name: str) -> type:
     """The class registered as `name` for `kind` ("generation" or "trainer")."""
+    spec = require(kind, name)
+    module, cls = spec.target.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def require(kind: str, name: str) -> EngineSpec:
+    """Engine `name` of `kind`, refused with an EngineUnavailable when unknown or not installed."""
     spec = _spec(kind, name)
     if missing := missing_packages(kind, name):
         hint = f"pip install -e .[{spec.extra}]" if spec.extra else f"pip install {' '.join(missing)}"
         raise EngineUnavailable(
             f"{kind} engine {name!r} needs {', '.join(missing)}, which is not installed here: "
-            f"`{hint}` on a machine with a GPU (README: GPUs: vLLM, DeepSpeed ZeRO-3)"
+            f"`{hint}` on a machine with a GPU (docs/guides/gpus-and-ray.md)"
         )
-    module, cls = spec.target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    return spec
 
 
 def _spec(kind: str, name: str) -> EngineSpec:

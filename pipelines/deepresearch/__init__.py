@@ -20,7 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import continue_chat, encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import INFRA_PREFIX, SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, ToolCall, action_row, no_blind_rubric, own_weights
+from pipelines.base import (
+    Act,
+    AgentSpec,
+    Episode,
+    PipelineBase,
+    Problem,
+    ToolCall,
+    action_row,
+    no_blind_rubric,
+    own_weights,
+)
 from pipelines.deepresearch import corpus
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
@@ -183,9 +193,11 @@ def _docs_index(path: str) -> SearchIndex:
     return SearchIndex(corpus.load_docs(path))
 
 
-class DeepResearch:
+class DeepResearch(PipelineBase):
     name = "deepresearch"
-    answer_blind_rubric = False
+
+    def stop(self, agent: str) -> tuple[str, ...]:
+        return tuple(self.cfg.stop)
 
     def __init__(self, cfg: DeepResearchConfig, seed: int):
         self.cfg, self.seed = cfg, seed

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.errors import UsageError
 from pipelines.base import Problem
 from pipelines.records import check_fields, records
 
@@ -253,10 +254,10 @@ def _task_id(question: str) -> str:
 def _require(where: str, d: dict, keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in d]
     if missing:
-        raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+        raise UsageError(f"{where}: missing key(s) {', '.join(missing)}")
     empty = [k for k in keys if not str(d[k]).strip()]
     if empty:
-        raise ValueError(f"{where}: empty {', '.join(empty)}")
+        raise UsageError(f"{where}: empty {', '.join(empty)}")
 
 
 def load_docs(path: str | Path) -> list[Document]:
@@ -265,7 +266,7 @@ def load_docs(path: str | Path) -> list[Document]:
     for where, d in records(path):
         _require(where, d, ("id", "text"))
         if (doc_id := str(d["id"])) in docs:
-            raise ValueError(f"{where}: duplicate document id {doc_id!r}")
+            raise UsageError(f"{where}: duplicate document id {doc_id!r}")
         docs[doc_id] = Document(doc_id, str(d.get("title", "")), str(d["text"]))
     return list(docs.values())
 
@@ -279,15 +280,15 @@ def load_jsonl(docs_path: str | Path, questions_path: str | Path) -> tuple[list[
         _require(where, d, ("question", "answer"))
         support = d.get("support", [])
         if not isinstance(support, list):
-            raise ValueError(f"{where}: support must be a list of document ids, got {support!r}")
+            raise UsageError(f"{where}: support must be a list of document ids, got {support!r}")
         if unknown := [str(s) for s in support if str(s) not in docs]:
-            raise ValueError(f"{where}: support id(s) {', '.join(unknown)} not in {docs_path}")
+            raise UsageError(f"{where}: support id(s) {', '.join(unknown)} not in {docs_path}")
         try:
             hops = int(d.get("hops", max(len(support), 1)))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: hops must be an integer: {e}") from e
+            raise UsageError(f"{where}: hops must be an integer: {e}") from e
         if (q := str(d["question"]).strip()) in problems:
-            raise ValueError(f"{where}: duplicate question {q!r}")
+            raise UsageError(f"{where}: duplicate question {q!r}")
         problems[q] = ResearchProblem(
             task_id=_task_id(q),
             question=q,

@@ -22,7 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.generation import encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, no_blind_rubric, own_weights
+from pipelines.base import (
+    Act,
+    AgentSpec,
+    Episode,
+    PipelineBase,
+    Problem,
+    action_row,
+    extract_code,
+    no_blind_rubric,
+    own_weights,
+)
 from pipelines.dsbench import data, synthetic
 from pipelines.dsbench.rubric import HANDOFFS, rubric_scores
 from pipelines.records import no_docs
@@ -169,9 +179,8 @@ def program(text: str) -> str | None:
     return extract_code(text) or (text.strip().strip("`") if IMPORT_RE.search(text) else None)
 
 
-class DSBench:
+class DSBench(PipelineBase):
     name = "dsbench"
-    answer_blind_rubric = False
     agents = [
         AgentSpec("data_engineer", "Data Engineer: writes feature-engineering code that produces the feature files"),
         AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),
@@ -181,6 +190,9 @@ class DSBench:
 
     # the coach-bias monitor (flows/train.py) compares coach and metric per task type: metrics["regression"]
     task_types = ("regression", {1.0: "regression", 0.0: "classification"})
+
+    def stop(self, agent: str) -> tuple[str, ...]:
+        return tuple(self.cfg.stop)
 
     def __init__(self, cfg: DSBenchConfig, seed: int):
         self.cfg, self.seed = cfg, seed

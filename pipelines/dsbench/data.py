@@ -20,6 +20,7 @@ import pandas as pd
 from sklearn import datasets as skd
 from sklearn.model_selection import train_test_split
 
+from infra.errors import UsageError
 from pipelines.base import Problem
 from pipelines.dsbench import synthetic
 from pipelines.records import check_fields, records
@@ -79,7 +80,7 @@ def load(dataset: str, data_seed: int = 0) -> tuple[pd.DataFrame, pd.Series]:
         X, y = synthetic.table(dataset, data_seed)
         return X, pd.Series(y, name=TARGET)
     if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)} and synthetic_<kind>_<k>")
+        raise UsageError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)} and synthetic_<kind>_<k>")
     bunch = DATASETS[dataset][0]()
     X = pd.DataFrame(bunch.data, columns=[column_name(c) for c in bunch.feature_names])
     return X, pd.Series(bunch.target, name=TARGET)
@@ -92,13 +93,13 @@ def load_csv(path: str, label: str) -> tuple[pd.DataFrame, pd.Series]:
     try:
         df = pd.read_csv(path)
     except Exception as e:  # whatever pandas cannot parse
-        raise ValueError(f"{path}: not a readable CSV file ({type(e).__name__}: {str(e)[:200]})") from None
+        raise UsageError(f"{path}: not a readable CSV file ({type(e).__name__}: {str(e)[:200]})") from None
     if label not in df.columns:
-        raise ValueError(f"{path} has no column {label!r}; its columns: {', '.join(map(str, df.columns[:20]))}")
+        raise UsageError(f"{path} has no column {label!r}; its columns: {', '.join(map(str, df.columns[:20]))}")
     X = df.drop(columns=[label])
     X.columns = names = [column_name(c) for c in X.columns]
     if clash := sorted({n for n in names if names.count(n) > 1 or n in ("", "id", TARGET)}):
-        raise ValueError(
+        raise UsageError(
             f"{path}: feature column name(s) {clash} clash in the workspace (where `id` and `target` "
             "are taken and names are lowercased, non-alphanumerics as _): rename or drop them"
         )
@@ -128,7 +129,7 @@ def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> lis
     """`n` problems round-robin over `datasets` (bundled or synthetic), problem i (from `start`) with its own
     split seed."""
     if not datasets:
-        raise ValueError("make_problems: no datasets given")
+        raise UsageError("make_problems: no datasets given")
     out = []
     for i in range(start, start + n):
         name = datasets[(i - start) % len(datasets)]
@@ -161,16 +162,16 @@ def criterion(metric: str, threshold: float | None) -> str:
 def _check_target(y: pd.Series, metric: str) -> None:
     kind = METRICS[metric][0]
     if y.isna().any():
-        raise ValueError(f"the target column has {int(y.isna().sum())} empty cell(s)")
+        raise UsageError(f"the target column has {int(y.isna().sum())} empty cell(s)")
     whole = pd.api.types.is_numeric_dtype(y) and bool((y % 1 == 0).all())
     if kind == "regression" and not pd.api.types.is_numeric_dtype(y):
-        raise ValueError(f"metric {metric} needs a numeric target column, got values like {_examples(y.unique())}")
+        raise UsageError(f"metric {metric} needs a numeric target column, got values like {_examples(y.unique())}")
     if kind == "classification" and not whole:
-        raise ValueError(
+        raise UsageError(
             f"metric {metric} needs integer class labels in the target column, got values like {_examples(y.unique())}"
         )
     if kind == "classification" and y.nunique() < 2:
-        raise ValueError(f"metric {metric} needs at least two classes in the target column")
+        raise UsageError(f"metric {metric} needs at least two classes in the target column")
 
 
 def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
@@ -185,10 +186,10 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
             where, d, {"csv": (str,), "target": (str,), "metric": (str,)}, {"threshold": (int, float), "name": (str,)}
         )
         if d["metric"] not in METRICS:
-            raise ValueError(f"{where}: unknown metric {d['metric']!r}; supported: {', '.join(METRICS)}")
+            raise UsageError(f"{where}: unknown metric {d['metric']!r}; supported: {', '.join(METRICS)}")
         csv = (Path(path).parent / d["csv"]).resolve()  # an absolute path stays itself
         if not csv.is_file():
-            raise ValueError(f"{where}: no such CSV file {csv}")
+            raise UsageError(f"{where}: no such CSV file {csv}")
         metric, threshold, name = d["metric"], d.get("threshold"), d.get("name", csv.stem)
         kind, split_seed = METRICS[metric][0], _seed(seed, i)
         try:
@@ -208,7 +209,7 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
             )
             split(p)  # it must split (a stratified split needs two rows of every class)
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            raise UsageError(f"{where}: {e}") from None
         out.append(p)
     return out
 

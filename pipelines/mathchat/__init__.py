@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, Problem, action_row, extract_code, own_weights
+from pipelines.base import Act, AgentSpec, Episode, PipelineBase, Problem, action_row, extract_code, own_weights
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 from pipelines.records import no_docs
@@ -46,7 +46,7 @@ EXECUTOR = (
 VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
 
 
-class MathChat:
+class MathChat(PipelineBase):
     name = "mathchat"
     answer_blind_rubric = True
     agents = [

@@ -9,6 +9,7 @@ import math
 import random
 from pathlib import Path
 
+from infra.errors import UsageError
 from pipelines.base import Problem
 from pipelines.records import check_fields, records
 
@@ -102,7 +103,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
         try:  # one spelling per number ("+7", "1,000" -> "7", "1000"): the verifier's answer is compared as text
             a = str(int(str(d["answer"]).strip().replace(",", "")))
         except ValueError:
-            raise ValueError(f"{where}: answer must be an integer, got {json.dumps(d['answer'])}") from None
+            raise UsageError(f"{where}: answer must be an integer, got {json.dumps(d['answer'])}") from None
         q = d["question"]
         out.append(Problem(task_id=hashlib.sha1(q.encode()).hexdigest()[:12], question=q, answer=a))
     return out
