@@ -87,7 +87,7 @@ def generation(policy, prompts: list[list[int]], max_new: int, batch_size: int, 
 
 
 def training_mfu(policy, prompts: list[list[int]], resp_len: int, repeats: int) -> dict:
-    from infra.trainer import TrainItem, train_agent
+    from infra.trainer import TrainItem, TrainSpec, train_agent
     from tasks.losses import ppo_clip_loss
 
     g = torch.Generator().manual_seed(0)
@@ -109,13 +109,15 @@ def training_mfu(policy, prompts: list[list[int]], resp_len: int, repeats: int) 
             "solver",
             items,
             ppo_clip_loss,
-            lr=1e-5,
-            weight_decay=0.0,
-            epochs=1,
-            minibatch_size=len(items),
-            max_grad_norm=1.0,
-            seed=0,
-            micro_batch_size=4,
+            TrainSpec(
+                lr=1e-5,
+                weight_decay=0.0,
+                epochs=1,
+                minibatch_size=len(items),
+                max_grad_norm=1.0,
+                seed=0,
+                micro_batch_size=4,
+            ),
         )
 
     s = median_seconds(step, repeats)

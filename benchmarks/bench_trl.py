@@ -38,7 +38,7 @@ from benchmarks.common import Section, Target, machine, median_seconds
 from infra.generation import encode_chat, generate
 from infra.models import ModelConfig, load_base
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, train_agent
+from infra.trainer import TrainItem, TrainSpec, train_agent
 from tasks.advantages import Sample, estimate
 from tasks.algorithm import AlgorithmConfig
 from tasks.losses import ppo_clip_loss
@@ -88,14 +88,16 @@ def teamrl_step(
         "solver",
         items,
         partial(ppo_clip_loss, clip_eps=alg.clip_eps),
-        lr=alg.lr,
-        weight_decay=alg.weight_decay,
-        epochs=1,
-        minibatch_size=len(items),
-        max_grad_norm=alg.max_grad_norm,
-        seed=0,
-        temperature=TEMPERATURE,
-        micro_batch_size=alg.micro_batch_size,
+        TrainSpec(
+            lr=alg.lr,
+            weight_decay=alg.weight_decay,
+            epochs=1,
+            minibatch_size=len(items),
+            max_grad_norm=alg.max_grad_norm,
+            seed=0,
+            temperature=TEMPERATURE,
+            micro_batch_size=alg.micro_batch_size,
+        ),
     )
     tokens.append(sum(len(g.response_ids) for g in gens))
 

@@ -45,7 +45,7 @@ def main() -> None:
     from infra.engines.zero import DeepSpeedConfig
     from infra.models import ModelConfig
     from infra.policy import TeamPolicy
-    from infra.trainer import train_agent
+    from infra.trainer import TrainSpec, train_agent
     from tasks.losses import ppo_clip_loss
 
     ap = argparse.ArgumentParser()
@@ -103,13 +103,13 @@ def main() -> None:
         }, after
 
     rows = []
-    row, w_torch = run("torch", lambda: train_agent(policy, "a", data, loss, **hyper))
+    row, w_torch = run("torch", lambda: train_agent(policy, "a", data, loss, TrainSpec(**hyper)))
     rows.append(row | {"max_abs_diff_vs_torch": 0.0})
     for stage in (0, 3):
         trainer = DeepSpeedTrainer(
             EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=stage))
         )
-        row, w = run(f"deepspeed-zero{stage}", lambda: trainer.train(policy, "a", data, loss, **hyper))  # noqa: B023 (run at once)
+        row, w = run(f"deepspeed-zero{stage}", lambda: trainer.train(policy, "a", data, loss, TrainSpec(**hyper)))  # noqa: B023 (run at once)
         diff = max(float((a - b).abs().max()) for a, b in zip(w_torch, w))
         rows.append(row | {"max_abs_diff_vs_torch": diff})
     with policy.materialized("b"):

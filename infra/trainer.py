@@ -1,4 +1,6 @@
-"""The torch trainer (the `torch` engine): minibatched gradient steps on one agent's weights with a given loss function.
+"""The trainer loop: minibatched gradient steps on one agent's weights with a given loss function, the
+same for every trainer engine, which supplies only its forward / backward / step / state hooks (`Steps`:
+`TorchSteps` here, DeepSpeed's in infra/engines/deepspeed.py).
 
 The loss math lives in `tasks/losses.py`; this module only moves data, steps the optimiser, clips
 gradients, refuses non-finite steps, and keeps the optimiser state with the checkpoint.
@@ -10,8 +12,10 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -101,84 +105,146 @@ def accumulate(
     return loss_sum, stats_sum
 
 
-def train_agent(
-    policy,
-    agent: str,
-    items: list[TrainItem],
-    loss_fn: Callable,
-    *,
-    lr: float,
-    weight_decay: float,
-    epochs: int,
-    minibatch_size: int,
-    max_grad_norm: float,
-    seed: int,
-    optimizer_state: Path | None = None,
-    temperature: float = 1.0,
-    micro_batch_size: int = 2,
-    kl_stop: float | None = None,
-    on_step: Callable[[], None] | None = None,
-) -> tuple[TrainResult, dict | None]:
-    """Run `epochs` passes of minibatch steps. Returns the result and the new optimiser state
-    (None when the update was skipped: weights are then restored to what they were).
+@dataclass(frozen=True)
+class TrainSpec:
+    """How one update trains: the algorithm's knobs and the optimizer state it starts from."""
 
-    `kl_stop`: stop early, before the step, once a minibatch's KL estimate (the loss's `kl` stat,
-    measured with the weights so far) exceeds it; `stats['early_stopped']` is then 1."""
+    lr: float
+    weight_decay: float
+    epochs: int
+    minibatch_size: int
+    max_grad_norm: float
+    seed: int  # the minibatches' order
+    optimizer_state: Path | None = None  # AdamW moments saved with the checkpoint the update starts from
+    temperature: float = 1.0  # the sampling temperature of the old log-probs
+    micro_batch_size: int = 2
+    kl_stop: float | None = None  # stop, before its step, at a minibatch whose KL estimate exceeds it
+    on_step: Callable[[], None] | None = field(default=None, compare=False)  # after every optimizer step
+
+
+class Steps(Protocol):
+    """What a trainer engine supplies to `train_loop`, built per update of one agent."""
+
+    def forward(self, micro: list[TrainItem], last: bool) -> torch.Tensor:
+        """The micro-batch's [B, L] response log-probs under the weights in training (`last`: the
+        minibatch's final micro-batch)."""
+
+    def zero_grad(self) -> None:
+        """Clear the gradients before a minibatch."""
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> float | None:
+        """Clip the minibatch's gradients to max_grad_norm and step; their norm (None where unknown). With
+        a non-finite norm the loop ends the update and restores the weights."""
+
+    def restore(self) -> None:
+        """Put the weights back as they were before the update."""
+
+    def state(self) -> dict:
+        """The optimizer state to save with the new checkpoint."""
+
+    def close(self) -> None: ...
+
+
+def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: TrainSpec):
+    """`spec.epochs` passes of minibatch steps: (TrainResult, the new optimizer state), the state None
+    when the update was refused (a non-finite loss or gradient norm; the weights are then restored).
+
+    `kl_stop`: the update ends before the step of a minibatch whose KL estimate (the loss's `kl` stat,
+    with the weights so far) exceeds it; `stats['early_stopped']` is then 1."""
     t0 = time.perf_counter()
-    params = policy.parameters(agent)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    if optimizer_state is not None and optimizer_state.exists():
-        state = torch.load(optimizer_state, weights_only=True)
-        if "trainer" in state:  # written by another trainer (infra/engines/deepspeed.py): its layout is not ours
-            warnings.warn(
-                f"{optimizer_state} holds {state['trainer']} optimizer state; the torch trainer "
-                "starts with fresh AdamW moments",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        else:
-            opt.load_state_dict(state)
-    backup = [p.detach().clone() for p in params]
-    pad = policy.tokenizer.pad_token_id
     losses, stats_acc, tokens, stopped = [], {}, 0, False
-    with policy.acting(agent) as model:
 
-        def forward(micro, last):
-            return response_logprobs(
-                model, [it.prompt_ids for it in micro], [it.response_ids for it in micro], pad, temperature
-            )
+    def refused(what: str) -> tuple[TrainResult, None]:
+        steps.restore()
+        reason = f"non-finite {what}; update skipped, weights restored"
+        return TrainResult(float("nan"), tokens, time.perf_counter() - t0, True, reason, {}), None
 
-        for mb in minibatches(items, epochs, minibatch_size, seed):
-            opt.zero_grad(set_to_none=True)
-            loss_sum, stats = accumulate(mb, micro_batch_size, forward, loss_fn, torch.Tensor.backward)
-            gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            if not (math.isfinite(loss_sum) and math.isfinite(gnorm.item())):
-                with torch.no_grad():
-                    for p, b in zip(params, backup):
-                        p.copy_(b)
-                what = "loss" if not math.isfinite(loss_sum) else "gradient norm"
-                return TrainResult(
-                    float("nan"),
-                    tokens,
-                    time.perf_counter() - t0,
-                    True,
-                    f"non-finite {what}; update skipped, weights restored",
-                    {},
-                ), None
-            if kl_stop is not None and stats.get("kl", 0.0) > kl_stop:
+    try:
+        for mb in minibatches(items, spec.epochs, spec.minibatch_size, spec.seed):
+            steps.zero_grad()
+            loss_sum, stats = accumulate(mb, spec.micro_batch_size, steps.forward, loss_fn, steps.backward)
+            if not math.isfinite(loss_sum):
+                return refused("loss")
+            if spec.kl_stop is not None and stats.get("kl", 0.0) > spec.kl_stop:
                 stopped = True
                 break
-            opt.step()
-            if on_step:
-                on_step()
+            gnorm = steps.step()
+            if gnorm is not None and not math.isfinite(gnorm):
+                return refused("gradient norm")
+            if spec.on_step:
+                spec.on_step()
             losses.append(loss_sum)
             tokens += int(sum(sum(it.mask) for it in mb))
-            for k, v in (stats | {"grad_norm": gnorm.item()}).items():
+            for k, v in (stats | ({} if gnorm is None else {"grad_norm": gnorm})).items():
                 stats_acc.setdefault(k, []).append(v)
+        state = steps.state()
+    finally:
+        steps.close()
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
-    return TrainResult(
-        float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "", stats
-    ), opt.state_dict()
+    loss = float(np.mean(losses)) if losses else 0.0
+    return TrainResult(loss, tokens, time.perf_counter() - t0, False, "", stats), state
+
+
+class TorchSteps:
+    """The `torch` engine's steps: AdamW on the agent's trainable parameters, in this process."""
+
+    def __init__(self, policy, agent: str, spec: TrainSpec):
+        self.spec, self.pad = spec, policy.tokenizer.pad_token_id
+        self.params = policy.parameters(agent)
+        self.opt = torch.optim.AdamW(self.params, lr=spec.lr, weight_decay=spec.weight_decay)
+        self._load(spec.optimizer_state)
+        self.backup = [p.detach().clone() for p in self.params]
+        self._acting = ExitStack()
+        self.model = self._acting.enter_context(policy.acting(agent))
+
+    def _load(self, path: Path | None) -> None:
+        if path is None or not path.exists():
+            return
+        state = torch.load(path, weights_only=True)
+        if "trainer" in state:  # written by another trainer (infra/engines/deepspeed.py): its layout is not ours
+            warnings.warn(
+                f"{path} holds {state['trainer']} optimizer state; the torch trainer starts with fresh AdamW moments",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        else:
+            self.opt.load_state_dict(state)
+
+    def forward(self, micro: list[TrainItem], last: bool) -> torch.Tensor:
+        prompts, responses = [it.prompt_ids for it in micro], [it.response_ids for it in micro]
+        return response_logprobs(self.model, prompts, responses, self.pad, self.spec.temperature)
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.spec.max_grad_norm).item()
+        if math.isfinite(gnorm):
+            self.opt.step()
+        return gnorm
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p, b in zip(self.params, self.backup):
+                p.copy_(b)
+
+    def state(self) -> dict:
+        return self.opt.state_dict()
+
+    def close(self) -> None:
+        self._acting.close()
+
+
+def train_agent(
+    policy, agent: str, items: list[TrainItem], loss_fn: Callable, spec: TrainSpec
+) -> tuple[TrainResult, dict | None]:
+    """The `torch` engine's update of `agent` on `items` (train_loop over TorchSteps)."""
+    return train_loop(TorchSteps(policy, agent, spec), items, loss_fn, spec)
 
 
 def batch_logprobs(

@@ -22,7 +22,7 @@ import numpy as np
 from infra import store
 from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
-from infra.trainer import TrainItem, batch_logprobs, interpolate
+from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
 from tasks.algorithm import AlgorithmConfig
 from tasks.certificate import Bound, Segment, bound, episode_terms
@@ -221,17 +221,19 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                 agent,
                 items,
                 partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps),
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                epochs=cfg.epochs,
-                minibatch_size=cfg.minibatch_size,
-                max_grad_norm=cfg.max_grad_norm,
-                micro_batch_size=cfg.micro_batch_size,
-                kl_stop=cfg.kl_delta,
-                seed=seed,
-                optimizer_state=ckpt / OPTIMIZER,
-                temperature=temperature,
-                on_step=advance,
+                TrainSpec(
+                    lr=cfg.lr,
+                    weight_decay=cfg.weight_decay,
+                    epochs=cfg.epochs,
+                    minibatch_size=cfg.minibatch_size,
+                    max_grad_norm=cfg.max_grad_norm,
+                    micro_batch_size=cfg.micro_batch_size,
+                    kl_stop=cfg.kl_delta,
+                    seed=seed,
+                    optimizer_state=ckpt / OPTIMIZER,
+                    temperature=temperature,
+                    on_step=advance,
+                ),
             )
         row |= {
             "kl": None,

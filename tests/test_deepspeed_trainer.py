@@ -139,7 +139,7 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
 
     from infra.engines.config import EnginesConfig
     from infra.engines.deepspeed import DeepSpeedTrainer
-    from infra.trainer import train_agent
+    from infra.trainer import TrainSpec, train_agent
     from tasks.losses import ppo_clip_loss
 
     items = _items()
@@ -155,9 +155,9 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
             for p, w in zip(policy.parameters("a"), w0):
                 p.copy_(w)
 
-    res_t, state_t = train_agent(policy, "a", items, loss, **hyper)
+    res_t, state_t = train_agent(policy, "a", items, loss, TrainSpec(**hyper))
     torch.save(state_t, tmp_path / "torch.pt")
-    res_t2, _ = train_agent(policy, "a", items, loss, optimizer_state=tmp_path / "torch.pt", **hyper)
+    res_t2, _ = train_agent(policy, "a", items, loss, TrainSpec(optimizer_state=tmp_path / "torch.pt", **hyper))
     w_torch = [p.detach().clone() for p in policy.parameters("a")]
 
     reset()
@@ -165,10 +165,10 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
         EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=0))
     )
     try:
-        res_d, state_d = trainer.train(policy, "a", items, loss, **hyper)
+        res_d, state_d = trainer.train(policy, "a", items, loss, TrainSpec(**hyper))
         assert state_d["trainer"] == "deepspeed" and state_d["zero_stage"] == 0
         torch.save(state_d, tmp_path / "ds.pt")
-        res_d2, _ = trainer.train(policy, "a", items, loss, optimizer_state=tmp_path / "ds.pt", **hyper)
+        res_d2, _ = trainer.train(policy, "a", items, loss, TrainSpec(optimizer_state=tmp_path / "ds.pt", **hyper))
     finally:
         policy.gather = None
     assert all(e.destroyed for e in fake_deepspeed) and len(fake_deepspeed) == 2
@@ -188,6 +188,7 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
 
     from infra.engines.config import EnginesConfig
     from infra.engines.deepspeed import DeepSpeedTrainer
+    from infra.trainer import TrainSpec
     from tasks.losses import ppo_clip_loss
 
     trainer = DeepSpeedTrainer(EnginesConfig(device="cuda", trainer="deepspeed"))
@@ -198,12 +199,7 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
             "a",
             _items(2),
             lambda lp, o, a, m: ((lp * float("nan")).sum(), {}),
-            lr=1e-2,
-            weight_decay=0.0,
-            epochs=1,
-            minibatch_size=2,
-            max_grad_norm=1.0,
-            seed=0,
+            TrainSpec(lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0),
         )
         assert res.skipped and state is None and "non-finite loss" in res.reason
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters("a")))
@@ -212,13 +208,7 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
             "a",
             _items(4),
             partial(ppo_clip_loss, clip_eps=0.2),
-            lr=1e-2,
-            weight_decay=0.0,
-            epochs=3,
-            minibatch_size=2,
-            max_grad_norm=1.0,
-            seed=0,
-            kl_stop=-1.0,
+            TrainSpec(lr=1e-2, weight_decay=0.0, epochs=3, minibatch_size=2, max_grad_norm=1.0, seed=0, kl_stop=-1.0),
         )  # any KL estimate exceeds it: stop before the first step
         assert not res.skipped and res.stats["early_stopped"] == 1.0 and res.tokens == 0
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters("a")))
@@ -270,7 +260,7 @@ def test_zero3_moments_round_trip_through_its_empty_param_groups(tmp_path):
 def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
     import torch
 
-    from infra.trainer import train_agent
+    from infra.trainer import TrainSpec, train_agent
     from tasks.losses import ppo_clip_loss
 
     torch.save({"trainer": "deepspeed", "zero_stage": 3, "layout": [[1]], "state": {}}, tmp_path / "opt.pt")
@@ -280,12 +270,14 @@ def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
             "b",
             _items(2),
             partial(ppo_clip_loss, clip_eps=0.2),
-            lr=0.0,
-            weight_decay=0.0,
-            epochs=1,
-            minibatch_size=2,
-            max_grad_norm=1.0,
-            seed=0,
-            optimizer_state=tmp_path / "opt.pt",
+            TrainSpec(
+                lr=0.0,
+                weight_decay=0.0,
+                epochs=1,
+                minibatch_size=2,
+                max_grad_norm=1.0,
+                seed=0,
+                optimizer_state=tmp_path / "opt.pt",
+            ),
         )
     assert not res.skipped

@@ -13,7 +13,7 @@ import torch
 from infra.generation import encode_chat, generate, score_logprobs
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, train_agent
+from infra.trainer import TrainItem, TrainSpec, train_agent
 from tasks.advantages import Sample, estimate
 from tasks.losses import ppo_clip_loss
 
@@ -50,12 +50,7 @@ def test_reinforce_pp_raises_mean_reward():
             "a",
             items,
             partial(ppo_clip_loss, clip_eps=0.2),
-            lr=3e-3,
-            weight_decay=0.0,
-            epochs=1,
-            minibatch_size=16,
-            max_grad_norm=1.0,
-            seed=step,
+            TrainSpec(lr=3e-3, weight_decay=0.0, epochs=1, minibatch_size=16, max_grad_norm=1.0, seed=step),
         )
         assert not res.skipped
     early, late = np.mean(mean_rewards[:3]), np.median(mean_rewards[-5:])

@@ -8,7 +8,7 @@ from conftest import train_items
 
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, batch_logprobs, by_prompt, train_agent
+from infra.trainer import TrainItem, TrainSpec, batch_logprobs, by_prompt, train_agent
 from tasks.losses import ppo_clip_loss
 
 
@@ -26,13 +26,15 @@ def _gradient(policy, items, micro):
         "a",
         items,
         partial(ppo_clip_loss, clip_eps=0.2),
-        lr=0.0,
-        weight_decay=0.0,
-        epochs=1,
-        minibatch_size=len(items),
-        max_grad_norm=1e9,
-        seed=0,
-        micro_batch_size=micro,
+        TrainSpec(
+            lr=0.0,
+            weight_decay=0.0,
+            epochs=1,
+            minibatch_size=len(items),
+            max_grad_norm=1e9,
+            seed=0,
+            micro_batch_size=micro,
+        ),
     )
     return res, [p.grad.detach().clone() for p in policy.parameters("a")]
 
@@ -88,7 +90,11 @@ def test_non_finite_loss_skips_and_restores(policy):
         torch.nn.init.normal_(p, std=0.02)
     before = [p.detach().clone() for p in policy.parameters("a")]
     res, state = train_agent(
-        policy, "a", items, nan_loss, lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0
+        policy,
+        "a",
+        items,
+        nan_loss,
+        TrainSpec(lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0),
     )
     assert res.skipped and state is None and "non-finite" in res.reason
     for a, b in zip(before, policy.parameters("a")):

@@ -11,7 +11,7 @@ from flows.config import load_config
 from flows.train import update_order, update_phase
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, batch_logprobs, train_agent
+from infra.trainer import TrainItem, TrainSpec, batch_logprobs, train_agent
 from tasks.losses import ppo_clip_loss
 from tasks.trust_region import kl_tok
 from tasks.update import enforce_trust_region
@@ -80,12 +80,7 @@ def _train(policy, items, lr):
         "a",
         items,
         partial(ppo_clip_loss, clip_eps=10.0),
-        lr=lr,
-        weight_decay=0.0,
-        epochs=3,
-        minibatch_size=4,
-        max_grad_norm=1e9,
-        seed=0,
+        TrainSpec(lr=lr, weight_decay=0.0, epochs=3, minibatch_size=4, max_grad_norm=1e9, seed=0),
     )
     return start
 

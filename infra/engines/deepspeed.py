@@ -1,6 +1,7 @@
-"""The `deepspeed` trainer: the torch trainer's update (same loss function, same token-share weighted
-micro-batches, same AdamW, same clipping, same early stop and non-finite refusal) with DeepSpeed's
-engine doing backward and step under ZeRO (infra/engines/zero.py builds its config).
+"""The `deepspeed` trainer: the one trainer loop (infra/trainer.py `train_loop`: the same loss function,
+token-share weighted micro-batches, early stop and non-finite refusal as the torch trainer) with
+DeepSpeed's engine doing forward, backward and step (AdamW, clipping) under ZeRO (infra/engines/zero.py
+builds its config).
 
 What ZeRO partitions is the acting agent's trainable weights, their gradients and AdamW state: a
 per-update engine wraps exactly those parameters (`_AgentModule`), so one agent's step never touches
@@ -21,19 +22,16 @@ torch.distributed variables. deepspeed is imported when an update runs, never on
 
 from __future__ import annotations
 
-import math
-import time
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from infra.engines.zero import build_zero_config, free_port, single_process_env
 from infra.generation import response_logprobs
-from infra.trainer import TrainItem, TrainResult, accumulate, minibatches
+from infra.trainer import TrainItem, TrainResult, TrainSpec, train_loop
 
 FORMAT = "deepspeed"
 
@@ -158,84 +156,63 @@ class DeepSpeedTrainer:
             }
 
     def train(
-        self,
-        policy,
-        agent: str,
-        items: list[TrainItem],
-        loss_fn: Callable,
-        *,
-        lr: float,
-        weight_decay: float,
-        epochs: int,
-        minibatch_size: int,
-        max_grad_norm: float,
-        seed: int,
-        optimizer_state: Path | None = None,
-        temperature: float = 1.0,
-        micro_batch_size: int = 2,
-        kl_stop: float | None = None,
-        on_step: Callable[[], None] | None = None,
+        self, policy, agent: str, items: list[TrainItem], loss_fn: Callable, spec: TrainSpec
     ) -> tuple[TrainResult, dict | None]:
-        """infra.trainer.train_agent's contract; the returned optimizer state is this trainer's format."""
+        """infra.trainer.train_loop over DeepSpeed's steps; the optimizer state returned is this trainer's format."""
+        return train_loop(_DeepSpeedSteps(self, policy, agent, spec), items, loss_fn, spec)
+
+
+class _DeepSpeedSteps:
+    """One update's DeepSpeed engine over the agent's trainable weights (`Steps` of infra/trainer.py)."""
+
+    def __init__(self, trainer: DeepSpeedTrainer, policy, agent: str, spec: TrainSpec):
         import deepspeed
 
-        t0 = time.perf_counter()
-        _init_distributed(self.engines.device)
+        _init_distributed(trainer.engines.device)
         policy.gather = gather_partitioned
-        params = policy.parameters(agent)
+        self.trainer, self.policy, self.agent = trainer, policy, agent
+        self.params = policy.parameters(agent)
         with policy.materialized(agent):
-            backup = [p.detach().clone() for p in params]
-        for p in params:  # gradients left by earlier work on these weights must not enter the first step
+            self.backup = [p.detach().clone() for p in self.params]
+        for p in self.params:  # gradients left by earlier work on these weights must not enter the first step
             p.grad = None
-        bf16 = all(p.dtype == torch.bfloat16 for p in params)
-        module = _AgentModule(policy, agent, temperature)
-        opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
-        config = build_zero_config(self.cfg, micro_batch_size=micro_batch_size, max_grad_norm=max_grad_norm, bf16=bf16)
-        engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config)
-
-        def restore(what: str) -> tuple[TrainResult, None]:
-            with torch.no_grad(), policy.materialized(agent, modify=True):
-                for p, b in zip(params, backup):
-                    p.copy_(b)
-            return TrainResult(
-                float("nan"),
-                tokens,
-                time.perf_counter() - t0,
-                True,
-                f"non-finite {what}; update skipped, weights restored",
-                {},
-            ), None
-
-        def forward(micro, last):
-            engine.set_gradient_accumulation_boundary(last)
-            return engine([it.prompt_ids for it in micro], [it.response_ids for it in micro])
-
-        losses, stats_acc, tokens, stopped = [], {}, 0, False
+        bf16 = all(p.dtype == torch.bfloat16 for p in self.params)
+        module = _AgentModule(policy, agent, spec.temperature)
+        opt = torch.optim.AdamW(module.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        config = build_zero_config(
+            trainer.cfg, micro_batch_size=spec.micro_batch_size, max_grad_norm=spec.max_grad_norm, bf16=bf16
+        )
+        self.engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config)
         try:
-            self._load_moments(engine.optimizer, optimizer_state)
-            for mb in minibatches(items, epochs, minibatch_size, seed):
-                loss_sum, stats_sum = accumulate(mb, micro_batch_size, forward, loss_fn, engine.backward)
-                if not math.isfinite(loss_sum):
-                    return restore("loss")
-                if kl_stop is not None and stats_sum.get("kl", 0.0) > kl_stop:
-                    stopped = True
-                    break
-                engine.step()  # clips to gradient_clipping, then AdamW
-                gnorm = engine.get_global_grad_norm()  # None where DeepSpeed did not compute it
-                if gnorm is not None and not math.isfinite(float(gnorm)):
-                    return restore("gradient norm")  # the torch trainer refuses before the step
-                if on_step:
-                    on_step()
-                losses.append(loss_sum)
-                tokens += int(sum(sum(it.mask) for it in mb))
-                step_stats = stats_sum | ({} if gnorm is None else {"grad_norm": float(gnorm)})
-                for k, v in step_stats.items():
-                    stats_acc.setdefault(k, []).append(v)
-            state = self._moments(engine.optimizer)
-        finally:
-            engine.destroy()
-            engine = None  # drops the last reference to the engine and its buffers
-        stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
-        return TrainResult(
-            float(np.mean(losses)) if losses else 0.0, tokens, time.perf_counter() - t0, False, "", stats
-        ), state
+            trainer._load_moments(self.engine.optimizer, spec.optimizer_state)
+        except BaseException:
+            self.close()
+            raise
+
+    def forward(self, micro: list[TrainItem], last: bool) -> torch.Tensor:
+        self.engine.set_gradient_accumulation_boundary(last)
+        return self.engine([it.prompt_ids for it in micro], [it.response_ids for it in micro])
+
+    def zero_grad(self) -> None:
+        pass  # the engine's step clears them
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float | None:
+        self.engine.step()  # clips to gradient_clipping, then AdamW, then clears the gradients
+        gnorm = self.engine.get_global_grad_norm()  # None where DeepSpeed did not compute it
+        return None if gnorm is None else float(gnorm)
+
+    def restore(self) -> None:
+        with torch.no_grad(), self.policy.materialized(self.agent, modify=True):
+            for p, b in zip(self.params, self.backup):
+                p.copy_(b)
+
+    def state(self) -> dict:
+        return self.trainer._moments(self.engine.optimizer)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None  # drops the last reference to the engine and its buffers

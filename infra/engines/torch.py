@@ -1,4 +1,4 @@
-"""The `torch` trainer: plain PyTorch + AdamW on the team's model (infra/trainer.py's train_agent)."""
+"""The `torch` trainer: plain PyTorch + AdamW on the team's model (infra/trainer.py's train_loop over TorchSteps)."""
 
 from __future__ import annotations
 
@@ -11,5 +11,5 @@ class TorchTrainer:
     def __init__(self, engines=None):
         self.engines = engines
 
-    def train(self, policy, agent, items, loss_fn, **kw):
-        return train_agent(policy, agent, items, loss_fn, **kw)
+    def train(self, policy, agent, items, loss_fn, spec):
+        return train_agent(policy, agent, items, loss_fn, spec)

@@ -64,24 +64,6 @@ class Trainer(Protocol):
 
     name: str
 
-    def train(
-        self,
-        policy,
-        agent: str,
-        items: list,
-        loss_fn: Callable,
-        *,
-        lr: float,
-        weight_decay: float,
-        epochs: int,
-        minibatch_size: int,
-        max_grad_norm: float,
-        seed: int,
-        optimizer_state: Path | None = None,
-        temperature: float = 1.0,
-        micro_batch_size: int = 2,
-        kl_stop: float | None = None,
-        on_step: Callable[[], None] | None = None,
-    ) -> tuple:
-        """(TrainResult, optimizer state to save with the checkpoint, or None when the update was skipped);
-        the contract of infra.trainer.train_agent."""
+    def train(self, policy, agent: str, items: list, loss_fn: Callable, spec) -> tuple:
+        """(TrainResult, optimizer state to save with the checkpoint, or None when the update was skipped)
+        of `spec` (infra.trainer.TrainSpec): infra.trainer.train_loop over the engine's `Steps`."""
