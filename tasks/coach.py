@@ -221,6 +221,19 @@ def error_kind(e: Exception) -> str:
     return "other"
 
 
+def coach_messages(cfg: CoachConfig, req: CoachRequest) -> list[dict]:
+    """The chat the `llm` coach sends for one action: the system line, the worked example (few_shot), the
+    grading request."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    if cfg.few_shot:
+        example, reply = EXAMPLES[cfg.ground_truth]
+        messages += [
+            {"role": "user", "content": build_prompt(example, cfg.max_context_chars, cfg.ground_truth)},
+            {"role": "assistant", "content": reply},
+        ]
+    return messages + [{"role": "user", "content": build_prompt(req, cfg.max_context_chars, cfg.ground_truth)}]
+
+
 class LLMCoach:
     """Scores actions through an OpenAI-compatible chat completions endpoint."""
 
@@ -255,19 +268,11 @@ class LLMCoach:
     def score(self, req: CoachRequest) -> CoachResult:
         import openai
 
-        prompt = build_prompt(req, self.cfg.max_context_chars, self.cfg.ground_truth)
-        key = hashlib.sha256(f"{self.cfg.model}\0{prompt}".encode()).hexdigest()
+        messages = coach_messages(self.cfg, req)
+        key = hashlib.sha256(f"{self.cfg.model}\0{messages[-1]['content']}".encode()).hexdigest()
         if self.cache and (hit := self.cache.get(key)):
             return CoachResult(hit["score"], hit["rationale"], "ok", 0.0, cached=True)
         t0 = time.perf_counter()
-        messages = [{"role": "system", "content": SYSTEM}]
-        if self.cfg.few_shot:
-            example, reply = EXAMPLES[self.cfg.ground_truth]
-            messages += [
-                {"role": "user", "content": build_prompt(example, self.cfg.max_context_chars, self.cfg.ground_truth)},
-                {"role": "assistant", "content": reply},
-            ]
-        messages.append({"role": "user", "content": prompt})
         try:
             for _ in range(self.cfg.reask + 1):
                 text = self._ask(messages)

@@ -77,22 +77,23 @@ def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list
             dt = (time.perf_counter() - t0) / max(1, len(scores))
             out.append([CoachResult(s, why, "ok" if s is not None else "skipped", dt) for s, why in scores])
         return out
-    roles = {a.name: a.role for a in pipe.agents}
-    reqs, shape = [], []
-    for e in episodes:
-        fb = pipe.feedback(e, cfg.ground_truth)
-        shape.append(len(e.actions))
-        reqs += [
-            CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
-            for a, f in zip(e.actions, fb)
-        ]
     coach = LLMCoach(cfg, cache_path=Path(run_dir).parent / "coach-cache.sqlite")
-    flat = coach.score_many(reqs)
+    flat = coach.score_many(coach_requests(pipe, episodes, cfg.ground_truth))
     out, i = [], 0
-    for n in shape:
-        out.append(flat[i : i + n])
-        i += n
+    for e in episodes:
+        out.append(flat[i : i + len(e.actions)])
+        i += len(e.actions)
     return out
+
+
+def coach_requests(pipe, episodes: list[Episode], ground_truth: bool) -> list[CoachRequest]:
+    """The `llm` coach's request for every action of `episodes`, in order."""
+    roles = {a.name: a.role for a in pipe.agents}
+    return [
+        CoachRequest(e.problem.question, roles[a["agent"]], a["prompt_text"], a["response_text"], f)
+        for e in episodes
+        for a, f in zip(e.actions, pipe.feedback(e, ground_truth))
+    ]
 
 
 @stage("coach", retries=2, retry_delay_seconds=5)

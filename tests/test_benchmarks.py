@@ -170,3 +170,22 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
     assert "| 25% |" in row and "1 of 12" in row  # 40 of 32 episodes; one positive certificate of 2 x 2 x 3
     cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
     assert "-0.2000 ± 0.4243" in cert and "0.05 ± 0.21" in cert  # stage certificates; held-out changes +0.2, -0.1
+
+
+@pytest.mark.slow
+def test_coach_load_counts_one_call_per_action_with_its_chat(trained_run):
+    """benchmarks/coach_load.py on the tiny run: one call per action of each training partition, both
+    answer modes, each prompt its chat's tokens (the answer-blind request says so, so it is longer)."""
+    from benchmarks.coach_load import load
+    from infra import store
+
+    _, run_dir = trained_run
+    df = load(str(run_dir)).set_index(["iteration", "phase", "ground_truth"])
+    acts = store.read_table(run_dir, "actions")
+    acts = acts[acts["phase"] == "rollout"].groupby("iteration").size()
+    assert sorted(df.index.get_level_values("iteration").unique()) == [1, 2]
+    for it, n in acts.items():
+        seen, blind = df.loc[(it, "rollout", True)], df.loc[(it, "rollout", False)]
+        assert seen["calls"] == blind["calls"] == n
+        assert 0 < seen["prompt_tokens_mean"] < blind["prompt_tokens_mean"] <= blind["prompt_tokens_max"]
+        assert seen["prompt_tokens"] == pytest.approx(seen["prompt_tokens_mean"] * n)
