@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: install bwrap sandbox-python browser demo test docs bench server server-stop clean
+.PHONY: install bwrap sandbox-python browser demo test test-fast lint typecheck docs bench server server-stop clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -63,6 +63,10 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy on tasks/ and infra/ (pyproject.toml [tool.mypy]; pipelines/ is read for its types, not yet checked)
+typecheck: install
+	$(VENV)/bin/mypy
 
 # performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine
 bench: install

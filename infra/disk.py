@@ -23,10 +23,10 @@ class DiskFullError(TeamrlError, OSError):
     resumable = True
 
     def __str__(self) -> str:
-        return self.strerror
+        return str(self.strerror)
 
 
-def full_disk_errno(e: BaseException) -> int | None:
+def full_disk_errno(e: BaseException | None) -> int | None:
     """ENOSPC or EDQUOT when `e`, or the exception it was raised from or while handling, is a full disk;
     else None. Some writers hide the OSError: torch wraps it in a RuntimeError (as its context when it
     writes to a Python file), safetensors reports it only in its message."""

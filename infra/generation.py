@@ -38,7 +38,8 @@ class Sampler(LogitsProcessor):
     generation-config processors leave."""
 
     def __init__(self, temperature: float, greedy: bool):
-        self.temperature, self.greedy, self.chosen = (1.0 if greedy else temperature), greedy, []
+        self.temperature, self.greedy = (1.0 if greedy else temperature), greedy
+        self.chosen: list[torch.Tensor] = []  # per step, the picked tokens' log-probs
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
@@ -163,7 +164,11 @@ def response_logits(
         mask_r[i, : len(r)] = 1
     dev = _device(model)
     ids_r, mask_r = ids_r.to(dev), mask_r.to(dev)
-    row_prompts, length, row_of, open_row = [], [], [], {}  # packed rows: their prompt and length
+    # packed rows: their prompt and length, each response's row, the open row of each prompt
+    row_prompts: list[list[int]] = []
+    length: list[int] = []
+    row_of: list[int] = []
+    open_row: dict[tuple[int, ...], int] = {}
     for p, r in zip(prompts, responses):
         k = open_row.get(tuple(p))
         if k is None or length[k] + len(r) > PACK_TOKENS:

@@ -31,6 +31,7 @@ import threading
 import time
 from contextlib import contextmanager
 from functools import partial
+from typing import cast
 
 GRACE_S = 10.0  # the most a stopping run may take after the first Ctrl-C
 
@@ -66,7 +67,7 @@ def stop_on_ctrl_c(grace_s: float = GRACE_S):
                 counted.close()  # the counting thread reads the end of its socket and returns
 
 
-def by_ctrl_c(e: BaseException) -> bool:
+def by_ctrl_c(e: BaseException | None) -> bool:
     """Whether `e` is a KeyboardInterrupt or was raised while handling one: a Ctrl-C can surface as another
     error (Prefect's task engine raises ValueError("Task run is not set") when it lands while a task run is
     being created)."""
@@ -99,7 +100,8 @@ def _count_ctrl_c() -> socket.socket | None:
     w.setblocking(False)
     if signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False) != -1:
         signal.set_wakeup_fd(-1)
-        r.close(), w.close()
+        r.close()
+        w.close()
         return None
     me = os.getpid()
 
@@ -141,7 +143,7 @@ def _raise_in_main_thread() -> None:
     for good; raised in another such callback, it comes back to the hook)."""
     import ctypes
 
-    main = threading.main_thread().ident
+    main = cast(int, threading.main_thread().ident)  # started: it is the thread that set the hook
     while _inside(sys._current_frames().get(main), _on_unraisable.__code__):
         time.sleep(0.001)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))

@@ -39,7 +39,8 @@ def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
         deadline = time.monotonic() + start_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
+                err = proc.stderr.read() if proc.stderr else ""
+                raise RuntimeError(f"transformers serve exited: {err[-2000:]}")
             try:
                 if requests.get(f"{url}/health", timeout=1).ok:
                     break

@@ -67,7 +67,7 @@ class TeamPolicy:
 
             lc = LoraConfig(
                 r=cfg.lora_rank,
-                lora_alpha=cfg.lora_alpha,
+                lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by alpha / r
                 lora_dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_targets,
                 bias="none",
@@ -212,7 +212,7 @@ class TeamPolicy:
                 if self.cfg.weights == "lora":
                     state = {k: v.detach().contiguous().cpu() for k, v in self._state(agent).items()}
                     save_file(state, tmp / "adapter_model.safetensors")
-                    self.model.peft_config[agent].save_pretrained(tmp)
+                    self.model.peft_config[agent].save_pretrained(str(tmp))
                 else:  # save_model de-duplicates tied weights (embeddings / lm_head)
                     save_model(self.copies[agent], str(tmp / "model.safetensors"))
             if optimizer_state is not None:

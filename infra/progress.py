@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager, suppress
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -15,13 +16,15 @@ PUBLISH_EVERY_S = 5.0  # the least time between two Prefect API calls of one pro
 class _PrefectProgress:
     """A Prefect progress artifact, published at most every PUBLISH_EVERY_S seconds and when the stage ends.
 
-    Each publish is an API round trip (10-16 ms here) that the stage waits for. The artifact is created on
+    Each publish is an API round trip that the stage waits for. The artifact is created on
     the first publish: a stage shorter than the interval costs one call, its artifact born at its final
     value; a longer one appears after the interval and then moves."""
 
     def __init__(self, description: str, total: int, every: float = PUBLISH_EVERY_S, clock=time.monotonic):
         self.description, self.total, self.every, self.clock = description, total, every, clock
-        self.id, self.sent, self.last = None, None, clock()
+        self.id: Any = None  # the artifact's id once created
+        self.sent: float | None = None
+        self.last: float = clock()
 
     def __call__(self, done: int, final: bool = False) -> None:
         now = self.clock()

@@ -154,7 +154,10 @@ def run_lock(run_dir: str | Path):
             f"(lock {path}); wait for it to finish or stop it first"
         ) from None
     try:
-        fh.seek(0), fh.truncate(), fh.write(str(os.getpid())), fh.flush()
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
         yield
     finally:
         fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

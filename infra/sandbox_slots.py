@@ -67,7 +67,10 @@ def cgroup_parents() -> tuple[tuple[str, Path], ...]:
     does not let us create limited groups. Probed once: a group is made, limited and removed."""
     v1 = {c: Path(p) for p, t, o in _mounts() if t == "cgroup" for c in ("pids", "memory") if c in o}
     if "pids" in v1 and "memory" in v1:
-        parents = (("pids", v1["pids"] / "teamrl-sandbox"), ("memory", v1["memory"] / "teamrl-sandbox"))
+        parents: tuple[tuple[str, Path], ...] = (
+            ("pids", v1["pids"] / "teamrl-sandbox"),
+            ("memory", v1["memory"] / "teamrl-sandbox"),
+        )
     else:
         v2 = [Path(p) for p, t, _ in _mounts() if t == "cgroup2"]
         if not v2 or not {"pids", "memory"} <= set((v2[0] / "cgroup.controllers").read_text().split()):

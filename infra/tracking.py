@@ -71,7 +71,7 @@ class BusyRetry:
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):

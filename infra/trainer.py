@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +42,7 @@ class TrainResult:
     stats: dict[str, float]
 
 
-def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
+def _pad(rows: Sequence[Sequence[float]], n: int, dtype) -> torch.Tensor:
     out = torch.zeros((len(rows), n), dtype=dtype)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r, dtype=dtype)
@@ -51,9 +51,10 @@ def _pad(rows: list[list[float]], n: int, dtype) -> torch.Tensor:
 
 def micro_tensors(micro: list[TrainItem], n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(old log-probs, advantages, loss mask) of a micro-batch, each padded to [B, n] on `device`."""
-    return tuple(
-        _pad(rows, n, torch.float32).to(device)
-        for rows in ([it.old_logprobs for it in micro], [it.advantages for it in micro], [it.mask for it in micro])
+    return (
+        _pad([it.old_logprobs for it in micro], n, torch.float32).to(device),
+        _pad([it.advantages for it in micro], n, torch.float32).to(device),
+        _pad([it.mask for it in micro], n, torch.float32).to(device),
     )
 
 
@@ -90,7 +91,8 @@ def accumulate(
     the order, so samples that share a prompt are put together (`by_prompt`)."""
     mb = by_prompt(mb)
     mb_tokens = max(1, sum(sum(it.mask) for it in mb))
-    loss_sum, stats_sum = 0.0, {}
+    loss_sum = 0.0
+    stats_sum: dict[str, float] = {}
     starts = range(0, len(mb), micro_batch_size)
     for m0 in starts:
         micro = mb[m0 : m0 + micro_batch_size]
@@ -154,7 +156,9 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
     `kl_stop`: the update ends before the step of a minibatch whose KL estimate (the loss's `kl` stat,
     with the weights so far) exceeds it; `stats['early_stopped']` is then 1."""
     t0 = time.perf_counter()
-    losses, stats_acc, tokens, stopped = [], {}, 0, False
+    losses: list[float] = []
+    stats_acc: dict[str, list[float]] = {}
+    tokens, stopped = 0, False
 
     def refused(what: str) -> tuple[TrainResult, None]:
         steps.restore()

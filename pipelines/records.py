@@ -18,8 +18,8 @@ def records(path: str | Path) -> list[tuple[str, dict]]:
     try:
         text = data.decode()
     except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: not UTF-8 text") from e
+        bad_line = data[: e.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{bad_line}: not UTF-8 text") from e
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():

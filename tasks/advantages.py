@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -23,6 +24,11 @@ class Sample:
     logprobs: np.ndarray
     ref_logprobs: np.ndarray | None
     score: float | None
+
+
+def score_of(s: Sample) -> float:
+    """The score of a sample an estimator sees (`estimate` passes only the scored ones)."""
+    return cast(float, s.score)
 
 
 def kl_penalty(logp: np.ndarray, ref_logp: np.ndarray, kind: str = "k1") -> np.ndarray:
@@ -95,11 +101,12 @@ def reinforce_pp(
     scale: bool = True,
 ) -> list[np.ndarray]:
     """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
-    rewards = [token_rewards(action_kl(s, beta, kl_estimator), s.score, beta) for s in samples]
+    rewards = [token_rewards(action_kl(s, beta, kl_estimator), score_of(s), beta) for s in samples]
+    returns: list[np.ndarray]
     if return_scope == "action":
         returns = [returns_to_go(r) for r in rewards]
     elif return_scope == "agent":
-        returns: list[np.ndarray] = [np.zeros(0)] * len(samples)
+        returns = [np.zeros(0)] * len(samples)
         chains: dict[tuple[str, str], list[int]] = {}
         for i, s in enumerate(samples):
             chains.setdefault((s.episode_id, s.agent), []).append(i)
@@ -143,7 +150,7 @@ def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, scale: bool = True
     members: dict[str, list[str]] = {}
     for s in samples:
         if s.episode_id not in reward:
-            reward[s.episode_id] = float(s.score)
+            reward[s.episode_id] = float(score_of(s))
             members.setdefault(s.group_id, []).append(s.episode_id)
     adv: dict[str, float] = {}
     for eps_ids in members.values():
@@ -169,7 +176,7 @@ def rloo(samples: list[Sample], **_) -> list[np.ndarray]:
     return adv
 
 
-def estimate(name: str, samples: list[Sample], **kwargs) -> list[np.ndarray]:
+def estimate(name: str, samples: list[Sample], **kwargs) -> list[np.ndarray | None]:
     """Run estimator `name` on the samples that have a score; missing scores get no advantage (None).
     `scale=False`: the same advantages before dividing by a standard deviation, in the reward's units."""
     scored = [i for i, s in enumerate(samples) if s.score is not None and np.isfinite(s.score)]

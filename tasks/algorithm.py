@@ -88,7 +88,7 @@ class AlgorithmConfig(BaseModel):
         from tasks.advantages import ESTIMATORS
         from tasks.losses import LOSSES
 
-        registry = {"estimator": ESTIMATORS, "loss": LOSSES}[info.field_name]
+        registry = {"estimator": ESTIMATORS, "loss": LOSSES}[str(info.field_name)]
         if v not in registry:
             raise ValueError(f"unknown {info.field_name} {v!r}; choose one of {sorted(registry)}")
         return v

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -250,7 +250,7 @@ class LLMCoach:
         self.cache = _Cache(cache_path) if (cfg.cache and cache_path) else None
         self.pool = ClientPool(max_concurrency=cfg.concurrency)
 
-    def _ask(self, messages: list[dict]) -> str:
+    def _ask(self, messages: list[Any]) -> str:  # chat messages, as openai types them
         resp = None
         try:
             resp = self.client.chat.completions.create(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,7 +62,7 @@ def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None)
     if split == "eval":
         return probs[:n] if n else probs
     r = random.Random(context.stage_seed(context.value(run_dir, "seed"), "questions", iteration, phase.split("-")[0]))
-    return r.sample(probs, min(n, len(probs)))
+    return r.sample(probs, min(n or len(probs), len(probs)))
 
 
 # a crash in a resample is its own fault point: TeamTR's resume tests kill the run there
@@ -143,7 +144,7 @@ def collect_rollouts(
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
     temperature = 1.0 if greedy else cfg.temperature
     # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL penalty
-    refs = [None] * len(actions)
+    refs: Sequence[list[float] | None] = [None] * len(actions)
     if split != "eval":
         if context.section(run_dir, "algorithm", AlgorithmConfig).kl_coef > 0:
             with policy.reference() as ref:  # one pass for every agent: all share the frozen base

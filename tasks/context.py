@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel
 
+from infra.engines.types import GenerationEngine
 from infra.errors import UsageError
 
 T = TypeVar("T", bound=BaseModel)
@@ -95,7 +96,7 @@ def problems(run_dir: str, split: str) -> list:
     return pipeline(str(run_dir)).load_problems(user["file"], user["docs"])
 
 
-_POLICIES: dict[tuple, object] = {}
+_POLICIES: dict[tuple, Any] = {}  # -> the TeamPolicy (infra/policy.py, imported when built)
 
 
 def policy(run_dir: str):
@@ -121,7 +122,7 @@ def policy(run_dir: str):
     return _POLICIES[key]
 
 
-_GENERATION: dict[tuple, object] = {}
+_GENERATION: dict[tuple, GenerationEngine] = {}
 
 
 def generation_engine(run_dir: str):

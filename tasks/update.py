@@ -258,11 +258,13 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         if not row["skipped"]:
             sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
             changed = updated_before(run_dir, iteration, phase, agent) if sequential else {}
-            kl, b = measure_update(policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size)
+            measured, b = measure_update(
+                policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size
+            )
             if b is not None:
                 cert = b.certificate if sequential and math.isfinite(b.certificate) else None
                 row |= {
-                    "kl": kl,
+                    "kl": measured,
                     "surrogate_gain": b.gain,
                     "penalty": b.penalty if cert is not None else None,
                     "certificate": cert,
