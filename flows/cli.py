@@ -1,18 +1,17 @@
-"""The `teamrl` command line: train, eval, align, runs list / show."""
+"""The `teamrl` command line: train, eval, align (here) and runs list / show / export (flows/cli_runs.py)."""
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flows.cli_common import USER_ERRORS, console, err, fail, flow_session, show_table, user_error
+from flows.cli_runs import runs_app
 from flows.config import load_config, preset_names, validate
-from infra.errors import TeamrlError
 from tasks.align import AlignConfig
 
 app = typer.Typer(
@@ -20,52 +19,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
-console = Console(width=None if os.isatty(1) else 160)
-err = Console(stderr=True)
-
-
-def _fail(msg: str, code: int = 2):
-    # one line, however narrow the terminal or log; the message's brackets (`.[gpu]`) are text, not markup
-    err.print(f"[bold red]error:[/] {escape(msg)}", soft_wrap=True)
-    raise typer.Exit(code)
-
-
-# what the user can act on (infra/errors.py), and the OS's answers about the paths they named: one line, status 2
-USER_ERRORS = (TeamrlError, FileNotFoundError, FileExistsError)
-
-
-def _user_error(e: Exception, finish: str | None = None):
-    """Exit with `e` as one line; a resumable error raised mid-run says how to `finish` the run."""
-    more = (
-        f". Finished stages are kept: finish the run with {finish}" if finish and getattr(e, "resumable", False) else ""
-    )
-    _fail(f"{e}{more}")
-
-
-@contextmanager
-def _flow_session():
-    """Run flows with Prefect's temporary server out of a Ctrl-C's reach (so a flow run can record how it
-    ended) and Ctrl-C handling: the first stops within seconds, a second at once (infra/interrupt.py)."""
-    from infra.interrupt import stop_on_ctrl_c
-    from infra.prefect_server import start_temporary_server
-
-    with stop_on_ctrl_c():
-        start_temporary_server()
-        yield
-
-
-def _show_table(df, title: str) -> None:
-    from flows.report import compact, fmt
-
-    df = compact(df)
-    t = Table(title=title)
-    for c in df.columns:
-        t.add_column(str(c), justify="right")
-    for row in df.itertuples(index=False):
-        t.add_row(*[fmt(v) for v in row])
-    console.print(t)
 
 
 @app.command()
@@ -83,7 +37,7 @@ def train(
     try:
         cfg = load_config(preset, (set_ or []) + (overrides or []))
     except USER_ERRORS as e:
-        _user_error(e)
+        user_error(e)
     from flows.report import run_table
     from flows.train import train as train_flow
     from infra.interrupt import by_ctrl_c
@@ -97,27 +51,27 @@ def train(
     rid = resume or cfg.run.id
     finish = f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}`"
     try:
-        with _flow_session():
+        with flow_session():
             run_dir = train_flow(
                 config=cfg, resume=resume, iterations=cfg.iterations if resume and "iterations" in keys else None
             )
     except KeyboardInterrupt:
         _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
     except USER_ERRORS as e:  # refused before the run's folder was made: nothing to finish
-        _user_error(e, finish if (Path(cfg.run.dir) / rid).exists() else None)
+        user_error(e, finish if (Path(cfg.run.dir) / rid).exists() else None)
     except Exception as e:  # the traceback, then how to finish the run
         if by_ctrl_c(e):
             _interrupted(finish, None if resume else Path(cfg.run.dir) / rid)
         import traceback
 
         traceback.print_exc()
-        _fail(
+        fail(
             f"training stopped ({type(e).__name__}: {e}). Finished stages are kept: finish the run with {finish}, "
             "or `prefect flow-run retry <flow run> --entrypoint flows/train.py:train`.",
             code=1,
         )
     console.print(f"[green]run finished:[/] {run_dir}")
-    _show_table(run_table(run_dir), Path(run_dir).name)
+    show_table(run_table(run_dir), Path(run_dir).name)
     _before_after(Path(run_dir))
 
 
@@ -125,8 +79,8 @@ def _interrupted(finish: str, new_run: Path | None) -> None:
     """Exit after a Ctrl-C (infra/interrupt.py then ends the process by SIGINT) with how to `finish` the run,
     unless the run this command was to create (`new_run`; None with --resume) was not created yet."""
     if new_run and not (new_run / "config.yaml").exists():
-        _fail("interrupted before the run started", code=130)
-    _fail(f"interrupted. Finished stages are kept: finish the run with {finish}", code=130)
+        fail("interrupted before the run started", code=130)
+    fail(f"interrupted. Finished stages are kept: finish the run with {finish}", code=130)
 
 
 def _before_after(run_dir: Path) -> None:
@@ -190,11 +144,11 @@ def eval_cmd(
     from tasks import context
 
     if not run_id and not model:
-        _fail("give a RUN_ID, or --model models:/<name>@<alias> (see `teamrl runs list`)")
+        fail("give a RUN_ID, or --model models:/<name>@<alias> (see `teamrl runs list`)")
     if model and iteration is not None:
-        _fail("--iteration does not apply with --model: the registered agents play with the run's latest team")
+        fail("--iteration does not apply with --model: the registered agents play with the run's latest team")
     if docs and not problems:
-        _fail("--docs goes with --problems: the documents your questions are asked over")
+        fail("--docs goes with --problems: the documents your questions are asked over")
     try:
         if model:
             run_dir = registered_team(
@@ -212,7 +166,7 @@ def eval_cmd(
         if user := runs.read_run_config(run_dir).get("problems"):  # a file changed since: refused here
             context.problems(str(run_dir), "eval")
     except USER_ERRORS as e:
-        _user_error(e)
+        user_error(e)
     finish = (
         f"`teamrl eval {run_dir.name} --dir {runs_dir}` finishes the rest"
         if model or problems
@@ -220,12 +174,12 @@ def eval_cmd(
     )
     with runs.run_lock(run_dir):
         try:
-            with _flow_session():
+            with flow_session():
                 m = evaluate(str(run_dir), iteration)
         except KeyboardInterrupt:
-            _fail(f"interrupted. Finished evaluation partitions are kept: {finish}", code=130)
+            fail(f"interrupted. Finished evaluation partitions are kept: {finish}", code=130)
         except USER_ERRORS as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
-            _user_error(e)
+            user_error(e)
     what = f"your problems ({Path(user['file']).name})" if user else f"held-out evaluation at iteration {iteration}"
     t = Table(title=f"{run_dir.name}: {what}")
     t.add_column("metric"), t.add_column("value", justify="right")
@@ -238,7 +192,6 @@ def eval_cmd(
 
 def _problems_report(run_dir: Path, iteration: int, m: dict[str, float], runs_dir: str) -> None:
     """After `eval --problems`: success with its interval, one row per problem, and the run exported as CSV."""
-    from rich.markup import escape
 
     from flows.inspection import export
     from flows.report import problem_table
@@ -309,12 +262,12 @@ def align(
         )
         run_dir = runs.find_run(runs_dir, run_id)
         plan(str(run_dir), cfg)
-        with _flow_session():
+        with flow_session():
             result = align_flow(str(run_dir), cfg)
     except KeyboardInterrupt:
-        _fail("interrupted; run the same command again to align the agent", code=130)
+        fail("interrupted; run the same command again to align the agent", code=130)
     except USER_ERRORS as e:
-        _user_error(e)
+        user_error(e)
     _swap_table(result)
 
 
@@ -353,110 +306,6 @@ def _swap_table(r: dict) -> None:
             diff,
         )
     console.print(t)
-
-
-@runs_app.command("list")
-def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs")):
-    """List runs, oldest first."""
-    from rich.markup import escape
-
-    from infra import runs
-
-    t = Table(title=f"runs in {runs_dir}")
-    for c in ("run_id", "preset", "iterations", "seed"):
-        t.add_column(c)
-    damaged = []
-    for rid in runs.list_runs(runs_dir):
-        try:
-            c = runs.read_run_config(Path(runs_dir) / rid)
-        except runs.RunConfigError as e:  # listed, not fatal: one damaged run must not hide the others
-            t.add_row(rid, "damaged", "-", "-")
-            damaged.append(str(e))
-            continue
-        t.add_row(rid, str(c.get("preset")), str(c.get("iterations")), str(c.get("seed")))
-    console.print(t)
-    for msg in damaged:
-        err.print(f"[yellow]warning:[/] {escape(msg)}", soft_wrap=True)
-
-
-@runs_app.command("show")
-def runs_show(
-    run_id: str = typer.Argument(...),
-    runs_dir: str = typer.Option("runs", "--dir"),
-    episode: str | None = typer.Option(None, "--episode", "-e", help="print this episode as a transcript"),
-    iteration: int | None = typer.Option(
-        None, help="with --episode: its iteration (default: the latest holding the id; ids repeat across iterations)"
-    ),
-    phase: str | None = typer.Option(None, help="with --episode: its phase (rollout, eval, resample-<k>, ...)"),
-    max_chars: int = typer.Option(1500, "--max-chars", help="with --episode: cut longer texts (0: never)"),
-):
-    """Per-iteration table of a run: success, coach score and loss per agent, and its disk use; with --episode,
-    one episode turn by turn (responses, tool calls, coach scores and rationales, final answer)."""
-    from flows.inspection import disk_summary
-    from flows.report import run_table
-    from infra import runs
-
-    try:
-        run_dir = runs.find_run(runs_dir, run_id)
-    except USER_ERRORS as e:
-        _user_error(e)
-    if episode is not None:
-        from flows.inspection import transcript
-
-        try:
-            text = transcript(run_dir, episode, iteration, phase, max_chars=max_chars or None)
-        except USER_ERRORS as e:
-            _user_error(e)
-        console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
-        return
-    _show_table(run_table(run_dir), run_dir.name)
-    console.print(disk_summary(run_dir), markup=False, highlight=False, soft_wrap=True)
-    _episode_hint(run_id, runs_dir, run_dir)
-
-
-def _episode_hint(run_id: str, runs_dir: str, run_dir: Path) -> None:
-    """How to print one episode, with ids from the run's latest iteration."""
-    from infra import store
-
-    eps = store.load_episodes(run_dir)
-    if not len(eps):
-        return
-    last = eps[eps["iteration"] == eps["iteration"].max()]
-    examples = last.groupby("phase", sort=True)["episode_id"].min().head(2)
-    it = int(last["iteration"].iloc[0])
-    dir_opt = "" if runs_dir == "runs" else f" --dir {runs_dir}"
-    console.print(
-        f"one episode as a transcript: teamrl runs show {run_id}{dir_opt} --episode ID [--iteration K]; "
-        f"e.g. at iteration {it}: {', '.join(examples)}",
-        markup=False,
-        highlight=False,
-    )
-
-
-@runs_app.command("export")
-def runs_export(
-    run_id: str = typer.Argument(..., help="run id (or run folder)"),
-    fmt: str = typer.Option("jsonl", "--format", "-f", help="jsonl (one JSON object per action) or csv"),
-    out: Path | None = typer.Option(
-        None, "--out", help="file to write (default: <run folder>/export/<run_id>.<format>)"
-    ),
-    runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
-    tokens: bool = typer.Option(False, "--tokens", help="keep the per-token columns (ids, log-probs, advantages)"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing file"),
-):
-    """Export a run as one flat table, one row per action: the action, its coach score and rationale,
-    and its episode's question, answer, final answer, outcome and success."""
-    from flows.inspection import FORMATS, export
-    from infra import runs
-
-    if fmt.lower() not in FORMATS:
-        _fail(f"unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}")
-    try:
-        run_dir = runs.find_run(runs_dir, run_id)
-        path, rows = export(run_dir, fmt, out, overwrite=overwrite, tokens=tokens)
-    except USER_ERRORS as e:
-        _user_error(e)
-    console.print(f"exported {rows} actions to {path}", markup=False, highlight=False)
 
 
 def main():  # pragma: no cover
