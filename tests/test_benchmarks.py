@@ -138,7 +138,7 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
     certificates, from per-run CSVs."""
     import pandas as pd
 
-    from benchmarks import strategies
+    from benchmarks import strategies_report
 
     def run(heldout, cert):
         return pd.DataFrame(
@@ -160,10 +160,10 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
             }
         )
 
-    monkeypatch.setattr(strategies, "OUT", tmp_path)
+    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
     run((0.2, 0.4), -0.5).to_csv(tmp_path / "teamtr-s0.csv", index=False)
     run((0.2, 0.1), 0.1).to_csv(tmp_path / "teamtr-s1.csv", index=False)
-    text = strategies.report()
+    text = strategies_report.report()
     row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
     assert "0: 0.20 ± 0.00, 2: 0.25 ± 0.21" in row  # (0.4 + 0.1) / 2, sd sqrt(0.045)
     assert "s0: 0.40, s1: 0.10" in row and "| 1 |" in row  # one held-out regression (seed 1)

@@ -80,10 +80,10 @@ def test_comparisons_of_a_teamtr_run(teamtr_run):
 
 
 def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
-    import strategies
+    import strategies_report
 
-    monkeypatch.setattr(strategies, "OUT", tmp_path)
-    assert strategies.certificate_check_table() == []
+    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
+    assert strategies_report.certificate_check_table() == []
     for seed, dj in ((0, 0.02), (1, -0.01)):
         pd.DataFrame(
             {
@@ -98,7 +98,7 @@ def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
                 "gain": [0.01],
             }
         ).to_csv(tmp_path / f"teamtr-s{seed}.certcheck.csv", index=False)
-    lines = strategies.certificate_check_table()
+    lines = strategies_report.certificate_check_table()
     assert "**teamtr** (seeds 0, 1)" in lines
     row = next(line for line in lines if line.startswith("| update |"))
     # 2 updates; dJ_hat - certificate = (0.07 + 0.04) / 2; four batches each with coefficient 1/2

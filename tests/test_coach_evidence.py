@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks import strategies
+from benchmarks import strategies, strategies_report
 from benchmarks.coach_evidence import paired, seed_bootstrap, write_figures
 from pipelines.mathchat.paraphrased import FILE
 
@@ -81,7 +81,7 @@ def agents(code_error: tuple[float, float], faithful: tuple[float, float]) -> pd
 
 @pytest.fixture
 def synthetic(tmp_path, monkeypatch):
-    monkeypatch.setattr(strategies, "OUT", tmp_path)
+    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
     for (v, s), after in AFTER.items():
         questions({0: BEFORE[s], 4: after}).to_csv(tmp_path / f"{v}-s{s}.questions.csv", index=False)
     for (v, s), succ in PARA.items():
@@ -120,7 +120,7 @@ def interval(cell: str) -> tuple[float, float, float]:
 
 
 def test_coach_report_from_synthetic_csvs(synthetic):
-    text = strategies.coach_report()
+    text = strategies_report.coach_report()
     # coach | seeds | final iteration | held-out before | after | gain | paraphrased untrained | after | gain
     joint = row(text, "| joint |")
     assert joint[:5] == ["joint", "0, 1", "4", "0.20 ± 0.00", "0.70 ± 0.14"]  # (0.6 + 0.8) / 2, sd sqrt(0.02)
@@ -151,8 +151,8 @@ def test_coach_report_from_synthetic_csvs(synthetic):
 
 
 def test_the_teamtr_table_reads_only_per_iteration_csvs(synthetic):
-    assert {v: sorted(s) for v, s in strategies.load().items()} == {"joint": [0]}
-    text = strategies.report()
+    assert {v: sorted(s) for v, s in strategies_report.load().items()} == {"joint": [0]}
+    text = strategies_report.report()
     assert row(text, "| joint |")[:2] == ["joint", "0"] and "| blind |" not in text and "| outcome |" not in text
 
 
@@ -160,18 +160,18 @@ def test_report_write_replaces_only_its_sections(synthetic, tmp_path_factory, mo
     readme = tmp_path_factory.mktemp("readme") / "README.md"
     other = "## Another benchmark\n\nIts text, untouched.\n"
     readme.write_text(f"# Benchmarks\n\n{other}")
-    monkeypatch.setattr(strategies, "README", readme)
+    monkeypatch.setattr(strategies_report, "README", readme)
     monkeypatch.setattr("sys.argv", ["strategies.py", "--report", "--write"])
     strategies.main()
     text = readme.read_text()
-    assert other in text and strategies.SECTION in text and strategies.COACH_SECTION in text
+    assert other in text and strategies_report.SECTION in text and strategies_report.COACH_SECTION in text
     strategies.main()  # again: each section replaced in place
     assert readme.read_text() == text
 
 
 def test_no_coach_runs_no_coach_section(tmp_path, monkeypatch):
-    monkeypatch.setattr(strategies, "OUT", tmp_path)
-    assert strategies.coach_report().rstrip().endswith("No runs yet.")
+    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
+    assert strategies_report.coach_report().rstrip().endswith("No runs yet.")
 
 
 def test_backfill_writes_the_figures_of_ended_runs_that_are_here(tmp_path, monkeypatch, capsys):

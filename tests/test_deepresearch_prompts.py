@@ -5,17 +5,9 @@ import re
 import pytest
 
 from infra.engines.types import Generation
-from pipelines.deepresearch import (
-    FINAL_NOTE,
-    S1_EXAMPLES,
-    S2_EXAMPLES,
-    SYSTEM1,
-    SYSTEM2,
-    DeepResearch,
-    DeepResearchConfig,
-    parse_turn,
-)
+from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.deepresearch.corpus import COMPANY_SUFFIXES, SYLLABLES, generate
+from pipelines.deepresearch.prompts import FINAL_NOTE, S1_EXAMPLES, S2_EXAMPLES, SYSTEM1, SYSTEM2, parse_turn
 
 
 def _pipe(**over) -> DeepResearch:

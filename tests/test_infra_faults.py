@@ -10,7 +10,7 @@ import pytest
 
 from infra import retry, store
 from infra.retry import InfraFault, InfraFaultsExceeded, infra_share_check, with_retries
-from infra.sandbox import INFRA_PREFIX
+from infra.sandbox_types import INFRA_PREFIX
 from tests.conftest import tiny_config
 
 

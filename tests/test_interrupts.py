@@ -1,7 +1,8 @@
-"""Ctrl-C (SIGINT to the terminal's whole foreground process group) stops `teamrl train` within seconds:
-the flow run is recorded Crashed, the MLflow run KILLED, nothing half-written is left and one line says how
-to resume; a second Ctrl-C quits at once. And a flow run left Running by a SIGKILLed process is marked
-Crashed when the run is resumed."""
+"""Ctrl-C (SIGINT to the terminal's whole foreground process group) stops `teamrl train` and `teamrl eval`
+within seconds: the flow run is recorded Crashed, the MLflow run KILLED, nothing half-written is left and one
+line says how to resume; a second Ctrl-C quits at once. And a flow run left Running by a SIGKILLed process is
+marked Crashed when the run is resumed. These run the whole CLI; the Ctrl-C handler on its own, in small
+child interpreters, is in test_interrupts_handler.py."""
 
 import os
 import re
@@ -220,143 +221,6 @@ def test_resume_marks_the_flow_run_of_a_killed_process_crashed(prefect_harness, 
         cli=[str(Path(sys.executable).with_name("prefect"))],
     )
     assert rc == 0 and "completed successfully" in out, out[-3000:]
-
-
-def test_a_ctrl_c_that_surfaces_as_another_error_is_still_a_ctrl_c():
-    from infra.interrupt import by_ctrl_c
-
-    def raised(fn):
-        try:
-            fn()
-        except BaseException as e:
-            return e
-
-    def crash_while_handling_a_ctrl_c():  # as Prefect's task engine does when a Ctrl-C lands in a task run's start
-        try:
-            raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            raise ValueError("Task run is not set")  # noqa: B904 (the implicit context is the point)
-
-    assert by_ctrl_c(raised(crash_while_handling_a_ctrl_c))
-    assert by_ctrl_c(KeyboardInterrupt())
-    assert not by_ctrl_c(raised(lambda: 1 / 0))
-
-
-LOST_CTRL_C = """
-import os, signal, time, weakref
-from infra.interrupt import stop_on_ctrl_c
-
-class Thing:
-    pass
-
-def lose_it(_):  # a weakref callback: Python prints a KeyboardInterrupt raised here and drops it
-    os.kill(os.getpid(), signal.SIGINT)
-
-t0 = time.monotonic()
-try:
-    with stop_on_ctrl_c(grace_s=60):
-        thing = Thing()
-        ref = weakref.ref(thing, lose_it)
-        del thing
-        while time.monotonic() - t0 < 30:  # the work goes on
-            pass
-    print("not interrupted", flush=True)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-
-
-def test_a_ctrl_c_lost_in_a_callback_is_raised_again():
-    """SQLAlchemy's weakref callbacks are where a Ctrl-C in the train flow was seen to get lost."""
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [*FOREGROUND, sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
-    assert proc.stdout.strip() == "interrupted" and time.monotonic() - t0 < STOP_S, proc.stdout + proc.stderr
-    assert proc.returncode == -signal.SIGINT, proc.stderr
-
-
-IN_C_CODE = """
-import hashlib
-from infra.interrupt import stop_on_ctrl_c
-
-try:
-    with stop_on_ctrl_c():
-        print("in C code", flush=True)
-        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 100_000_000)  # half a minute in C: no Python handler runs
-    print("finished", flush=True)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-
-
-def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
-    """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
-    proc = subprocess.Popen(
-        [*FOREGROUND, sys.executable, "-c", IN_C_CODE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
-        time.sleep(0.5)
-        for _ in range(2):
-            os.kill(proc.pid, signal.SIGINT)
-            time.sleep(0.1)
-        t0 = time.monotonic()
-        rc = proc.wait(timeout=120)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
-    out = proc.stdout.read()
-    assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
-
-
-FORKED_CHILD = """
-import hashlib, os, time
-from infra.interrupt import stop_on_ctrl_c
-
-try:
-    with stop_on_ctrl_c(grace_s=300):
-        if os.fork() == 0:  # a child forked, not exec'd: it shares the wakeup socket and Python's handler
-            try:
-                time.sleep(120)
-            finally:
-                os._exit(0)
-        print("in C code", flush=True)
-        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 10_000_000)  # seconds in C: the counting thread reads first
-    print("finished", flush=True)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-
-
-def test_one_ctrl_c_to_a_group_with_a_forked_child_is_one_press():
-    """The sandbox's interpreter probe forks (it changes the user); a Ctrl-C to the process group while it
-    has not exec'd yet reached both processes' handlers, the counting thread read two SIGINTs and the
-    process quit at once, without its clean stop."""
-    proc = subprocess.Popen(
-        [*FOREGROUND, sys.executable, "-c", FORKED_CHILD],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    out = proc.stdout.read()
-    assert rc == -signal.SIGINT and out.strip() == "interrupted", (rc, out, proc.stderr.read())
 
 
 def test_ctrl_c_stops_an_evaluation_too(trained_run, tmp_path):

@@ -4,7 +4,8 @@ sampling, and the deepresearch pipeline through the real train flow (tiny model)
 import numpy as np
 import pytest
 
-from pipelines.deepresearch import DeepResearchConfig, parse_turn
+from pipelines.deepresearch import DeepResearchConfig
+from pipelines.deepresearch.prompts import parse_turn
 from pipelines.deepresearch.scoring import exact_match, f1
 from tasks.advantages import Sample, estimate
 from tasks.compute_advantages import balance_system1

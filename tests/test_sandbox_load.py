@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from infra import sandbox, sandbox_slots
-from infra.sandbox import INFRA_PREFIX, SandboxConfig, run_python
+from infra import sandbox, sandbox_process, sandbox_slots
+from infra.sandbox import SandboxConfig, run_python
+from infra.sandbox_types import INFRA_PREFIX
 from tests.test_sandbox import cfg, left_running, mode  # noqa: F401  (the isolation-mode fixture)
 
 RUNAWAY = {
@@ -127,9 +128,9 @@ def test_missing_interpreter_is_an_infra_fault(mode, monkeypatch, tmp_path):  # 
 
 def test_a_failing_shim_step_is_an_infra_fault(mode, monkeypatch):  # noqa: F811
     """Anything between the spawn and the program's start (joining cgroups, rlimits, dropping the uid)."""
-    real = sandbox._shim
+    real = sandbox_process._shim
     monkeypatch.setattr(
-        sandbox, "_shim", lambda *a: [x if not x.startswith("NPROC=") else "NOSUCHLIMIT=1:1" for x in real(*a)]
+        sandbox_process, "_shim", lambda *a: [x if not x.startswith("NPROC=") else "NOSUCHLIMIT=1:1" for x in real(*a)]
     )
     r = run_python("print(1)", cfg(mode, start_retries=0))
     assert r.infra_error and "AttributeError" in r.infra_error and "RLIMIT_NOSUCHLIMIT" in r.infra_error

@@ -7,19 +7,19 @@ Turn protocol, per episode, all active episodes batched per turn:
   tool -> raw documents -> (System 1 on) the `extract` stage packs and extracts -> System 2's next turn
 System 2's contexts are token sequences extended turn by turn (infra.generation.continue_chat), so its
 turns form one trajectory with the observations in between (masked out of its loss).
+
+The settings are in config.py, the prompts, worked examples and reply parser in prompts.py.
 """
 
 from __future__ import annotations
 
 import re
 from functools import cached_property, lru_cache
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.generation import continue_chat, encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
-from infra.sandbox import INFRA_PREFIX, SandboxConfig, preflight, run_python, sandbox_fault
+from infra.sandbox import preflight, run_python, sandbox_fault
+from infra.sandbox_types import INFRA_PREFIX
 from pipelines.base import (
     Act,
     AgentSpec,
@@ -32,159 +32,23 @@ from pipelines.base import (
     own_weights,
 )
 from pipelines.deepresearch import corpus
+from pipelines.deepresearch.config import DeepResearchConfig
+from pipelines.deepresearch.prompts import (
+    FINAL_NOTE,
+    S1_EXAMPLES,
+    S2_EXAMPLES,
+    SYSTEM1,
+    SYSTEM2,
+    assistant_message,
+    findings_text,
+    parse_turn,
+    s1_request,
+    user_message,
+)
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
 
-
-class DeepResearchConfig(BaseModel):
-    """The MARS research team, its corpus and its turn budget."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Literal["deepresearch"] = "deepresearch"
-    questions: int = Field(300, ge=2, description="generated questions (train + held-out)")
-    eval_size: int = Field(50, ge=1, description="held-out questions (the last ones of the question set)")
-    distractors: int = Field(200, ge=0, description="generated documents that no question needs")
-    hops: list[int] = Field(
-        default_factory=lambda: [1, 2, 3, 4],
-        min_length=1,
-        description="chain lengths of the generated questions, mixed evenly (1..4)",
-    )
-    min_tokens: int = Field(50, ge=10, description="shortest generated document (approximate tokens)")
-    max_tokens: int = Field(2000, ge=10, description="longest generated document (approximate tokens)")
-    docs_file: str | None = Field(None, description="your corpus: JSONL {id, title?, text} (with questions_file)")
-    questions_file: str | None = Field(None, description="your questions: JSONL {question, answer, hops?, support?}")
-    system1: bool = Field(
-        True,
-        description="false: the ablation without System 1 (System 2 reads the raw tool "
-        "output, truncated to context_tokens)",
-    )
-    shared_model: bool = Field(
-        True,
-        description="true (the paper's MARS): one set of trainable weights, `shared`, "
-        "plays System 2 and System 1, each with its own prompt, updated once per iteration "
-        "on both systems' samples; false: one set per system (a deviation from the paper)",
-    )
-    max_turns: int = Field(3, ge=1, le=16, description="System-2 turns per episode; the last one must answer")
-    scaffold: bool = Field(
-        True,
-        description="System 2's first reply starts with `SEARCH:` and its last with "
-        "`ANSWER:` already written (it writes the rest): a small zero-RL model rarely finds the "
-        "format alone",
-    )
-    top_k: int = Field(3, ge=1, description="documents per search")
-    bin_tokens: int = Field(384, ge=16, description="System 1's context budget: document tokens per packed bin")
-    context_tokens: int = Field(
-        256,
-        ge=16,
-        description="System 2's budget per observation: the joined "
-        "extractions, or the raw tool output without System 1, truncated to this",
-    )
-    reward: Literal["f1", "em"] = Field("f1", description="trajectory reward: token F1 or exact match")
-    max_new_tokens: dict[str, int] = Field(
-        default_factory=lambda: {"system2": 48, "system1": 64}, description="response token budget per agent"
-    )
-    examples: bool = Field(
-        True,
-        description="show each system worked examples as earlier chat turns (System 2: "
-        "a whole episode, search, findings, answer; System 1: a document and the fact sentence "
-        "copied out of it), about fictional entities outside the corpus; false: the instructions "
-        "only",
-    )
-    stop: list[str] = Field(
-        default_factory=lambda: ["\n"],
-        description="a reply ends where its text first contains one of these (kept in the "
-        "reply): a newline, so every reply is one line (a System-2 command, or the one sentence "
-        "System 1 copies) and cannot run on into its budget; [] to turn off",
-    )
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the python tool")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if (self.docs_file is None) != (self.questions_file is None):
-            raise ValueError("docs_file and questions_file go together: give both or neither")
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens {self.min_tokens} > max_tokens {self.max_tokens}")
-        if bad := [h for h in self.hops if not 1 <= h <= 4]:
-            raise ValueError(f"hops must be within 1..4, got {bad}")
-        return self
-
-
-SYSTEM2 = (
-    "You answer questions about people, companies, cities and mountains that only a private search "
-    "engine knows. Reply with one line, one of:\n"
-    "SEARCH: <names from the question> PURPOSE: <the fact you need>\n"
-    "PYTHON: <one line of Python that prints a result> PURPOSE: <why>\n"
-    "ANSWER: <a name, a city or a year, copied from the findings>"
-)
-SYSTEM1 = (
-    "You are System 1. Find the sentence in the documents that states the fact named in the purpose "
-    "and copy it word for word. Reply NONE if there is no such sentence."
-)
-FINAL_NOTE = "\nFinal turn: reply with ANSWER: <answer>."
-# Worked examples (`examples`), about entities whose names the corpus's syllables cannot spell, with a year
-# before the generator's 1600..1990: a 135M model copies the shape of an earlier turn far more reliably than it
-# follows an instruction, and an answer copied from an example can never be right by chance.
-# (question, search, purpose, findings, answer): findings as System 1 would write them, with a distractor fact
-# after the answer's in one and before it in the other, so neither position is the one to copy
-S2_EXAMPLES = [
-    (
-        "In which city was Ada Quill born?",
-        "Ada Quill",
-        "the city where Ada Quill was born",
-        ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
-        "Kimberhaven",
-    ),
-    (
-        "In what year was Jubb Holdings founded?",
-        "Jubb Holdings",
-        "the year Jubb Holdings was founded",
-        ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."],
-        "1543",
-    ),
-]
-# (purpose, document, the sentence to copy)
-S1_EXAMPLES = [
-    (
-        "the founder of Quimby Works",
-        "# Quimby Works\nQuimby Works is a company. Critics have compared Quimby Works to a quiet bridge. "
-        "The headquarters of Quimby Works are in the city of Exmouth. Quimby Works was founded by Hugo "
-        "Jax. Quimby Works was founded in 1712.",
-        "Quimby Works was founded by Hugo Jax.",
-    )
-]
 SHARED = "shared"  # the weights both systems share (shared_model): its checkpoints, updates rows, registered model
-TURN_RE = re.compile(r"\b(SEARCH|PYTHON|ANSWER)\s*:\s*", re.I)
-PURPOSE_RE = re.compile(r"\s*\bPURPOSE\s*:\s*", re.I)
-
-
-def parse_turn(text: str) -> tuple[str, str, str]:
-    """(kind, argument, purpose): kind is search | python | answer (the first keyword in the reply)
-    or none; the argument runs to the end of its line or to PURPOSE:, the purpose to the line's end
-    (empty when missing)."""
-    m = TURN_RE.search(text or "")
-    if not m:
-        return "none", "", ""
-    line = text[m.end() :].split("\n", 1)[0]
-    arg, *purpose = PURPOSE_RE.split(line, maxsplit=1)
-    return m.group(1).lower(), arg.strip().strip("`"), "".join(purpose).strip()
-
-
-def _user(content: str) -> dict:
-    return {"role": "user", "content": content}
-
-
-def _assistant(content: str) -> dict:
-    return {"role": "assistant", "content": content}
-
-
-def _s1_request(purpose: str, text: str) -> str:
-    return f"Purpose: {purpose}\n\nDocuments:\n{text}"
-
-
-def _findings(purpose: str, observation: str) -> str:
-    """What System 2 reads after a tool call: its purpose and what came back."""
-    return f"Findings ({purpose}):\n{observation}"
 
 
 @lru_cache(maxsize=4)
@@ -254,20 +118,22 @@ class DeepResearch(PipelineBase):
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         shots = S1_EXAMPLES if self.cfg.examples else []
-        turns = [m for p, doc, sentence in shots for m in (_user(_s1_request(p, doc)), _assistant(sentence))]
-        return [{"role": "system", "content": SYSTEM1}, *turns, _user(_s1_request(purpose, text))]
+        turns = [
+            m for p, doc, sentence in shots for m in (user_message(s1_request(p, doc)), assistant_message(sentence))
+        ]
+        return [{"role": "system", "content": SYSTEM1}, *turns, user_message(s1_request(purpose, text))]
 
     def system2_chat(self, question: str) -> list[dict]:
         """System 2's opening prompt: the instructions, the worked episodes (`examples`), the question."""
         turns = []
         for q, query, purpose, findings, answer in S2_EXAMPLES if self.cfg.examples else []:
             turns += [
-                _user(f"Question: {q}"),
-                _assistant(f"SEARCH: {query} PURPOSE: {purpose}"),
-                _user(_findings(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
-                _assistant(f"ANSWER: {answer}"),
+                user_message(f"Question: {q}"),
+                assistant_message(f"SEARCH: {query} PURPOSE: {purpose}"),
+                user_message(findings_text(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
+                assistant_message(f"ANSWER: {answer}"),
             ]
-        return [{"role": "system", "content": SYSTEM2}, *turns, _user(f"Question: {question}")]
+        return [{"role": "system", "content": SYSTEM2}, *turns, user_message(f"Question: {question}")]
 
     def _tool(self, kind: str, arg: str, purpose: str, index: SearchIndex | None = None) -> ToolCall:
         """Run one tool call; a search goes to `index` (default: the run's corpus)."""
@@ -331,7 +197,7 @@ class DeepResearch(PipelineBase):
                 else:
                     e.metrics["tool_calls"] += 1
                     e.metrics["purpose_given"] += float(bool(purpose))
-                    note = _findings(call.purpose, self._observe(tok, e, s2_turn, call, extractions.get(i)))
+                    note = findings_text(call.purpose, self._observe(tok, e, s2_turn, call, extractions.get(i)))
                 if last:
                     continue
                 if t + 1 == c.max_turns - 1:
