@@ -40,7 +40,7 @@ from prefect.tasks import Task
 
 from benchmarks.common import Section, Target, median_seconds
 from flows.config import load_config
-from flows.train import iteration, no_heartbeat, saved_config, train_iteration
+from flows.train import iteration, no_heartbeat, train_iteration
 from infra import runs, store
 from infra.tracking import Tracker
 from tasks import context
@@ -51,14 +51,14 @@ EXTRAS = ("rest of the iteration",)
 
 
 def agent_names(rd: str) -> list[str]:
-    return [a.name for a in context.pipeline(rd).agents]
+    return [a.name for a in context.of(rd).pipeline.agents]
 
 
 def new_run(root: Path, name: str, preset: str) -> str:
     """A run folder with version-0 checkpoints, as `train` prepares it (the first call loads the model)."""
     cfg = load_config(preset, [f"run.dir={root}", f"run.id={name}", "evaluate=false", "iterations=100"])
     rd = str(runs.create_run(root, name, cfg.model_dump(mode="json")))
-    policy = context.policy(rd)
+    policy = context.of(rd).policy
     for a in agent_names(rd):
         policy.load(rd, a, 0)
         policy.save(rd, a, 0)
@@ -121,7 +121,7 @@ def clocked(module, names: tuple[str, ...], spent: list[float]):
 @flow(name="bench-orchestration")
 def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     """Iterations of the two runs, alternately; then the overhead's parts, each on its own."""
-    cfg, agents = saved_config(Path(rd_flow)), agent_names(rd_flow)
+    cfg, agents = context.of(rd_flow).config, agent_names(rd_flow)
     t0 = time.perf_counter()
     tracker = Tracker(rd_flow, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri, cfg.model_dump(mode="json"))
     out = {"tracker_s": time.perf_counter() - t0, "flow": [], "plain": []}
@@ -192,7 +192,7 @@ def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], Target,
         rd_plain = new_run(root, "plain", preset)
         model_s = time.perf_counter() - t0
         rd_flow = new_run(root, "flow", preset)
-        cfg = saved_config(Path(rd_flow))
+        cfg = context.of(rd_flow).config
         task_runs = 3 + len(agent_names(rd_flow))  # collect, coach, advantages, one update per agent
         t0 = time.perf_counter()
         with prefect_test_harness(server_startup_timeout=120):

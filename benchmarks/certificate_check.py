@@ -82,7 +82,7 @@ def batch_estimate(run_dir: str, iteration: int, phase: str, cfg: AlgorithmConfi
 def comparisons(run_dir: str) -> list[dict]:
     """One row per certified update (`teamtr`), or per stage (`stale`, and `teamtr` stages too): its
     certificate and gain beside dJ_hat, with the batches each estimate came from."""
-    cfg = context.section(run_dir, "algorithm", AlgorithmConfig)
+    cfg = context.of(run_dir).config.algorithm
     updates = store.read_table(run_dir, "updates")
     updates = updates[updates["phase"].isin(["rollout"]) | updates["phase"].str.startswith("resample")]
     phases = store.read_table(run_dir, "episodes")[["iteration", "phase"]].drop_duplicates()

@@ -68,8 +68,8 @@ def score(run_dir: str, episodes: list, base_url: str, model: str) -> pd.DataFra
     from tasks.coach import CoachConfig
     from tasks.coach_evaluate import score_clean
 
-    pipe = context.pipeline(run_dir)
-    base = context.section(run_dir, "coach", CoachConfig).model_dump()
+    ctx = context.of(run_dir)
+    pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
     rubric = {g: [pipe.rubric(e, g) for e in episodes] for g in (True, False)}
     rows = []
     for truth in (True, False):

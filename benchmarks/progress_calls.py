@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.config import load_config
-from flows.train import saved_config, train_iteration
+from flows.train import train_iteration
 from infra import runs
 from infra.tracking import Tracker
 from tasks import context
@@ -37,7 +37,8 @@ for name in ("create_progress_artifact", "update_progress_artifact"):  # infra/p
 
 @flow(name="progress-calls")
 def iterations(rd: str, n: int = 6) -> list[tuple[int, float]]:
-    cfg, agents = saved_config(Path(rd)), [a.name for a in context.pipeline(rd).agents]
+    ctx = context.of(rd)
+    cfg, agents = ctx.config, [a.name for a in ctx.pipeline.agents]
     tracker = Tracker(rd, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri, cfg.model_dump(mode="json"))
     per = []
     for k in range(1, n + 1):
@@ -51,8 +52,8 @@ def iterations(rd: str, n: int = 6) -> list[tuple[int, float]]:
 root = Path(tempfile.mkdtemp(prefix="progress-calls-"))
 cfg = load_config("tiny", [f"run.dir={root}", "run.id=r", "evaluate=false", "iterations=100"])
 rd = str(runs.create_run(root, "r", cfg.model_dump(mode="json")))
-policy = context.policy(rd)
-for a in (a.name for a in context.pipeline(rd).agents):
+policy = context.of(rd).policy
+for a in (a.name for a in context.of(rd).pipeline.agents):
     policy.load(rd, a, 0)
     policy.save(rd, a, 0)
 with prefect_test_harness(server_startup_timeout=120):

@@ -24,7 +24,6 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.config import RunSettings
 from flows.report import partition_metrics
 from infra import runs, store
 from infra.errors import TeamrlError
@@ -49,11 +48,12 @@ class Plan:
 def plan(run_dir: str, cfg: AlignConfig) -> Plan:
     """Check that `cfg.agent` of the run can be swapped and aligned now; the versions involved."""
     name, agent = Path(run_dir).name, cfg.agent
-    agents = [a.name for a in context.pipeline(run_dir).agents]
+    ctx = context.of(run_dir)
+    agents = [a.name for a in ctx.pipeline.agents]
     if agent not in agents:
         raise AlignError(f"unknown agent {agent!r}; the team of run {name!r} is {', '.join(agents)}")
-    unit = context.weights(run_dir)[agent]
-    if (shared := context.roles_of(run_dir, unit)) != [agent]:
+    unit = ctx.weights[agent]
+    if (shared := ctx.roles_of(unit)) != [agent]:
         others = ", ".join(r for r in shared if r != agent)
         raise AlignError(
             f"{agent} of run {name!r} shares its weights {unit!r} with {others}: "
@@ -127,7 +127,7 @@ def align(run_dir: str, config: AlignConfig) -> dict:
         aligned = evaluate_team(run_dir, k, aligned_phase, p.team | {agent: p.version_after})
         before = before_swap(run_dir, k, p.team)
         row = {
-            "run_id": context.value(run_dir, "run_id"),
+            "run_id": context.of(run_dir).run_id,
             "iteration": k,
             "phase": "align",
             "agent": agent,
@@ -144,7 +144,7 @@ def align(run_dir: str, config: AlignConfig) -> dict:
             for c in ("probe_actions", "probe_tokens", "lr", "kl_before", "kl_after", "steps", "converged", "seconds")
         }
         store.write_partition(run_dir, "align", k, "align", [row], name=agent)
-        settings = context.section(run_dir, "run", RunSettings)
+        settings = context.of(run_dir).config.run
         tracker = Tracker(
             run_dir,
             Path(run_dir).parent,

@@ -164,7 +164,7 @@ def eval_cmd(
                 console.print(f"{source.name}'s team at iteration {iteration}: {run_dir}")
                 iteration = 0
         if user := runs.read_run_config(run_dir).get("problems"):  # a file changed since: refused here
-            context.problems(str(run_dir), "eval")
+            context.RunContext(run_dir).problems("eval")
     except USER_ERRORS as e:
         user_error(e)
     finish = (

@@ -15,21 +15,21 @@ from prefect import flow
 from flows.report import partition_metrics
 from infra import runs, store
 from infra.engines import require
-from infra.engines.config import EnginesConfig
 from infra.errors import UsageError
 from infra.policy import OPTIMIZER, checkpoint_dir, latest_version, saved_checkpoint
 from infra.registry import resolve
 from pipelines.base import role_versions
 from tasks import context
 from tasks.coach_evaluate import coach_evaluate
-from tasks.collect_rollouts import RolloutConfig, collect_rollouts
+from tasks.collect_rollouts import collect_rollouts
 
 
 def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
     """Play (or reuse) partition iteration=K/phase=eval with the policies after K updates; its metrics."""
-    versions = role_versions(context.weights(run_dir), store.agent_versions(run_dir, context.units(run_dir), iteration))
+    ctx = context.of(run_dir)
+    versions = role_versions(ctx.weights, store.agent_versions(run_dir, ctx.units, iteration))
     collect_rollouts(run_dir, iteration, "eval", versions, split="eval", greedy=True)
-    if context.section(run_dir, "rollout", RolloutConfig).eval_samples:
+    if ctx.config.rollout.eval_samples:
         collect_rollouts(run_dir, iteration, "eval", versions, split="eval", part="samples")
     coach_evaluate(run_dir, iteration, "eval")
     return partition_metrics(run_dir, iteration, "eval")
@@ -38,7 +38,7 @@ def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
 @flow(name="evaluate", flow_run_name="evaluate-{iteration}")
 def evaluate(run_dir: str, iteration: int) -> dict[str, float]:
     """Held-out success (greedy) with a 95% bootstrap interval, pass@k, and per-agent statistics."""
-    require("generation", context.section(run_dir, "engines", EnginesConfig).generation)
+    require("generation", context.of(run_dir).config.engines.generation)
     return evaluate_partition(run_dir, iteration)
 
 
@@ -70,7 +70,7 @@ def _new_team(runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Pat
                 ignore=shutil.ignore_patterns(OPTIMIZER),
                 copy_function=_link_or_copy,
             )
-    keep = {k: v for k, v in cfg.items() if k not in ("run_id", "nonce", "flow_run_id")}
+    keep = {k: v for k, v in cfg.items() if k not in context.IDENTITY}
     # config.yaml last: a folder a crash left half-copied is no run, so it never plays with missing agents
     return runs.create_run(runs_dir, new_id, keep | {"run": keep["run"] | {"id": new_id}} | extra)
 
@@ -79,7 +79,7 @@ def _problems_config(source: Path, cfg: dict, problems: str | Path, docs: str | 
     """What a folder playing a user's problem file adds to its source run's config: the file, validated by
     the source's pipeline first (so a bad file stops everything before a model loads), and all its problems
     played (no `eval_questions` cut)."""
-    context.pipeline(str(source)).load_problems(str(problems), str(docs) if docs else None)
+    context.of(source).pipeline.load_problems(str(problems), str(docs) if docs else None)
     return {"problems": context.user_problems(problems, docs), "rollout": cfg["rollout"] | {"eval_questions": None}}
 
 
@@ -94,7 +94,7 @@ def problems_team(
         raise UsageError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
     cfg = runs.read_run_config(source)
     extra = _problems_config(source, cfg, problems, docs)
-    versions = store.agent_versions(source, context.units(str(source)), iteration)
+    versions = store.agent_versions(source, context.of(source).units, iteration)
     checkpoints = {a: saved_checkpoint(source, a, v) for a, v in versions.items()}
     return _new_team(
         runs_dir,
@@ -133,7 +133,7 @@ def registered_team(
                 "whose team and base model it fits (teamrl eval RUN_ID --model ...)"
             )
         cfg = runs.read_run_config(source)
-        agents = context.units(str(source))  # what is registered: the weights units
+        agents = context.of(source).units  # what is registered: the weights units
         for agent, (_, mv, uri) in got.items():
             if agent not in agents:
                 raise UsageError(f"{uri} is agent {agent!r}; run {source.name}'s team is {agents}")

@@ -17,7 +17,6 @@ from prefect.context import SettingsContext, get_settings_context
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
-from flows.config import RunConfig, validate
 from flows.evaluate import evaluate_partition
 from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
 from infra import engines, flow_runs, runs, store
@@ -32,6 +31,7 @@ from tasks.coach_bias import by_task_type, diverging
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 from tasks.compute_advantages import compute_advantages
+from tasks.config import RunConfig
 from tasks.update import update
 
 
@@ -46,11 +46,6 @@ def prepare_run(config: RunConfig, resume: str | None = None) -> tuple[Path, boo
     run_id = config.run.id or runs.new_run_id(config.preset)
     cfg = config.model_copy(update={"run": config.run.model_copy(update={"id": run_id})})
     return runs.create_run(root, run_id, cfg.model_dump(mode="json"), flow_run_id=flow_run.id), False
-
-
-def saved_config(run_dir: Path) -> RunConfig:
-    raw = runs.read_run_config(run_dir)
-    return validate({k: v for k, v in raw.items() if k not in ("run_id", "nonce", "flow_run_id")})
 
 
 def update_phase(strategy: str, position: int) -> str:
@@ -94,7 +89,7 @@ def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, se
     """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
     included)."""
     seconds: dict[str, float] = {}
-    roles = context.weights(run_dir)
+    roles = context.of(run_dir).weights
     versions = store.agent_versions(run_dir, agents, k - 1)
     rollout_partition(run_dir, k, "rollout", role_versions(roles, versions), seconds)
     current = dict(versions)  # the partially updated team
@@ -155,10 +150,10 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
     rd = str(run_dir)
     with no_heartbeat():
         m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
-    if types := context.pipeline(rd).task_types:  # the coach-bias monitor
+    if types := context.of(rd).pipeline.task_types:  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
-    publish_iteration(run_dir, k, m, list(dict.fromkeys([*context.weights(rd), *agents])))  # roles' and units' rows
+    publish_iteration(run_dir, k, m, list(dict.fromkeys([*context.of(rd).weights, *agents])))  # roles' and units' rows
     prune_after_iteration(run_dir, k, agents, cfg.checkpoint.keep_every, tracker)
     return m
 
@@ -309,15 +304,16 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             flow_runs.record(run_dir, flow_run.id)
         if reopened and iterations is not None:
             runs.extend_run(run_dir, iterations)
-            context.forget(str(run_dir))
-        cfg = saved_config(run_dir)
+            context.close(run_dir)  # config.yaml changed: read it again
+        ctx = context.of(run_dir)
+        cfg = ctx.config
         if reopened:
             engines.check(cfg.engines)
         if reopened and (n := runs.remove_temporaries(run_dir)):
             logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
         rd = str(run_dir)
-        agents = context.units(rd)  # the weights units: what is updated, checkpointed and registered
-        policy = context.policy(rd)
+        agents = ctx.units  # the weights units: what is updated, checkpointed and registered
+        policy = ctx.policy
         for a in agents:  # version 0 on disk makes every later load (and a resume) exact
             if not checkpoint_dir(run_dir, a, 0).exists():
                 policy.load(rd, a, 0)  # the initial weights
@@ -341,7 +337,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                     "iteration %d: success %.3f, %s",
                     k,
                     m.get("success_rate", float("nan")),
-                    ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in context.weights(rd)),
+                    ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in ctx.weights),
                 )
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
                     final = evaluate_partition(rd, k)

@@ -34,8 +34,6 @@ from infra.generation import response_logits
 from infra.policy import checkpoint_dir
 from infra.progress import progress_bar
 from tasks import context
-from tasks.algorithm import AlgorithmConfig
-from tasks.collect_rollouts import RolloutConfig
 from tasks.stage import stage
 
 INITS = ("fresh",)
@@ -216,7 +214,7 @@ def probe_set(run_dir: str, iteration: int, agent: str, size: int) -> list[Probe
     acts = acts[acts["agent"] == agent].sort_values(["episode_id", "turn"])
     probe = [Probe(list(p), list(r)) for p, r in zip(acts["prompt_ids"], acts["response_ids"]) if len(r)]
     if size and len(probe) > size:
-        rng = random.Random(context.stage_seed(context.value(run_dir, "seed"), "probe", iteration, agent))
+        rng = random.Random(context.of(run_dir).seed_for("probe", iteration, agent))
         probe = [probe[i] for i in sorted(rng.sample(range(len(probe)), size))]
     return probe
 
@@ -238,9 +236,9 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
     an `updates` row (phase `align`, strategy `stage0`) so that this version is the agent's version after
     the iteration. A call returns the new checkpoint's meta."""
     agent = cfg.agent
-    policy = context.policy(run_dir)
-    temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
-    lr = cfg.lr or context.section(run_dir, "algorithm", AlgorithmConfig).lr
+    ctx = context.of(run_dir)
+    policy, temperature = ctx.policy, ctx.config.rollout.temperature
+    lr = cfg.lr or ctx.config.algorithm.lr
     probe = probe_set(run_dir, iteration, agent, cfg.probe_size)
     pad = policy.tokenizer.pad_token_id
     policy.load(run_dir, agent, version_before)
@@ -288,7 +286,7 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
     version_after = version_before + 1
     policy.save(run_dir, agent, version_after, extra=meta)  # no optimiser state: the next PPO update starts afresh
     row = {
-        "run_id": context.value(run_dir, "run_id"),
+        "run_id": ctx.run_id,
         "iteration": iteration,
         "phase": "align",
         "agent": agent,

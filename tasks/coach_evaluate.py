@@ -10,7 +10,6 @@ from infra.retry import InfraFault, infra_kind, infra_record, infra_share_check,
 from pipelines.base import Episode, Problem
 from tasks import context
 from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
-from tasks.collect_rollouts import RolloutConfig
 from tasks.stage import stage
 
 
@@ -50,7 +49,7 @@ def unscored(e: Episode, record: str) -> list[CoachResult]:
 
 def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
     """Each episode's scores; an episode an infrastructure fault hit is never scored, whatever the backend."""
-    cfg = context.section(run_dir, "coach", CoachConfig)
+    cfg = context.of(run_dir).config.coach
     clean = [e for e in episodes if not e.infra_error]
     scored = dict(zip((e.episode_id for e in clean), score_clean(run_dir, cfg, clean)))
     return [unscored(e, e.infra_error) if e.infra_error else scored[e.episode_id] for e in episodes]
@@ -58,7 +57,7 @@ def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResu
 
 def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
     """Each episode's scores under the coach `cfg` (episodes no infrastructure fault hit)."""
-    pipe = context.pipeline(run_dir)
+    pipe = context.of(run_dir).pipeline
     if cfg.backend == "outcome":  # MAPPA's outcome-only baseline: the shared sparse team reward
         return [[CoachResult(10.0 * e.outcome, "episode outcome", "ok", 0.0) for _ in e.actions] for e in episodes]
     if cfg.backend == "rubric":
@@ -99,19 +98,20 @@ def coach_requests(pipe, episodes: list[Episode], ground_truth: bool) -> list[Co
 @stage("coach", retries=2, retry_delay_seconds=5)
 def coach_evaluate(run_dir: str, iteration: int, phase: str) -> list[dict]:
     """Score every action of the partition."""
-    cfg = context.section(run_dir, "coach", CoachConfig)
+    ctx = context.of(run_dir)
+    cfg = ctx.config.coach
     episodes = load_partition_episodes(run_dir, iteration, phase)
     results = score_episodes(run_dir, episodes)
     faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
     infra_share_check(
         len(faults),
         sum(map(len, results)),
-        context.section(run_dir, "rollout", RolloutConfig).max_infra_share,
+        ctx.config.rollout.max_infra_share,
         f"iteration {iteration}, {phase} (coach)",
         faults[0] if faults else None,
     )
     model = cfg.model if cfg.backend == "llm" else cfg.backend
-    run_id = context.value(run_dir, "run_id")
+    run_id = ctx.run_id
     return [
         {
             "run_id": run_id,

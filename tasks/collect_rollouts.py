@@ -5,44 +5,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from infra.generation import EnginesConfig, score_logprobs
+from infra.generation import score_logprobs
 from infra.progress import progress_bar
 from infra.retry import infra_share_check
 from tasks import context
 from tasks.acting import TeamActs
-from tasks.algorithm import AlgorithmConfig
-from tasks.rollout_workers import play_on_ray
 from tasks.stage import stage
-
-
-class RolloutConfig(BaseModel):
-    """How many episodes an iteration plays and how they are sampled."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    questions: int = Field(8, ge=1, description="training questions per iteration")
-    group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
-    temperature: float = Field(
-        1.0,
-        gt=0,
-        le=5,
-        description="sampling temperature of training rollouts; "
-        "log-probs (policy, reference, training) are of softmax(logits / T)",
-    )
-    eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
-    eval_samples: int = Field(
-        0, ge=0, le=64, description="sampled episodes per held-out question for pass@k (0: greedy only)"
-    )
-    max_infra_share: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="stop the run when more than this share of a "
-        "partition's actions are left unscored by infrastructure faults (a sandbox that "
-        "would not start, a tool backend or scorer that failed after its retries)",
-    )
 
 
 def check_infra_share(episodes: list, limit: float, where: str) -> None:
@@ -57,11 +25,11 @@ def check_infra_share(episodes: list, limit: float, where: str) -> None:
     )
 
 
-def _select(run_dir: str, iteration: int, phase: str, split: str, n: int | None) -> list:
-    probs = context.problems(run_dir, split)
+def _select(ctx: context.RunContext, iteration: int, phase: str, split: str, n: int | None) -> list:
+    probs = ctx.problems(split)
     if split == "eval":
         return probs[:n] if n else probs
-    r = random.Random(context.stage_seed(context.value(run_dir, "seed"), "questions", iteration, phase.split("-")[0]))
+    r = random.Random(ctx.seed_for("questions", iteration, phase.split("-")[0]))
     return r.sample(probs, min(n or len(probs), len(probs)))
 
 
@@ -89,16 +57,13 @@ def collect_rollouts(
     part="samples": `eval_samples` sampled episodes per question, for pass@k next to the greedy ones.
     `questions` overrides rollout.questions (TeamTR's smaller resamples).
     """
-    cfg = context.section(run_dir, "rollout", RolloutConfig)
-    engines = context.section(run_dir, "engines", EnginesConfig)
-    pipe = context.pipeline(run_dir)
-    policy = context.policy(run_dir)
+    ctx = context.of(run_dir)
+    cfg, engines, pipe, policy = ctx.config.rollout, ctx.config.engines, ctx.pipeline, ctx.policy
     for agent, v in versions.items():  # the team's model: reference pass, rescoring, the `hf` engine
         policy.load(run_dir, agent, v)
     tok = policy.tokenizer
-    seed = context.value(run_dir, "seed")
     problems = _select(
-        run_dir, iteration, phase, split, cfg.eval_questions if split == "eval" else (questions or cfg.questions)
+        ctx, iteration, phase, split, cfg.eval_questions if split == "eval" else (questions or cfg.questions)
     )
     sampled = part == "samples"
     if sampled:
@@ -109,8 +74,7 @@ def collect_rollouts(
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     if engines.runner == "ray":  # sharded over the rollout actors (tasks/rollout_workers.py)
-        episodes = play_on_ray(
-            engines.ray,
+        episodes = ctx.rollout_workers().play(
             run_dir,
             versions,
             plist,
@@ -118,10 +82,10 @@ def collect_rollouts(
             gids,
             cfg.temperature,
             greedy,
-            (seed, "sample", iteration, phase, part),
+            (ctx.config.seed, "sample", iteration, phase, part),
         )
     else:
-        engine = context.generation_engine(run_dir)
+        engine = ctx.generation_engine()
         engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
         with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
             act = TeamActs(
@@ -131,7 +95,7 @@ def collect_rollouts(
                 cfg.temperature,
                 greedy,
                 advance,
-                lambda agent, n: context.stage_seed(seed, "sample", iteration, phase, part, agent, n),
+                lambda agent, n: ctx.seed_for("sample", iteration, phase, part, agent, n),
             )
             episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
@@ -140,13 +104,13 @@ def collect_rollouts(
         e.metrics["infra_error"] = float(e.infra_error is not None)
     check_infra_share(episodes, cfg.max_infra_share, f"iteration {iteration}, {phase} ({part})")
 
-    run_id = context.value(run_dir, "run_id")
+    run_id = ctx.run_id
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
     temperature = 1.0 if greedy else cfg.temperature
     # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL penalty
     refs: Sequence[list[float] | None] = [None] * len(actions)
     if split != "eval":
-        if context.section(run_dir, "algorithm", AlgorithmConfig).kl_coef > 0:
+        if ctx.config.algorithm.kl_coef > 0:
             with policy.reference() as ref:  # one pass for every agent: all share the frozen base
                 refs = score_logprobs(
                     ref,

@@ -7,13 +7,12 @@ import numpy as np
 from infra import store
 from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, Sample, blend_score, estimate
-from tasks.algorithm import AlgorithmConfig
 from tasks.balanced_sampling import balanced_counts
 from tasks.stage import stage
 
 
 def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
-    cfg = context.section(run_dir, "algorithm", AlgorithmConfig)
+    cfg = context.of(run_dir).config.algorithm
     df = store.load_actions(run_dir, iteration, phase)
     eps = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
@@ -68,7 +67,7 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
                     "weight": 1 if a is not None else 0,
                 }
             )
-    rng = np.random.default_rng(context.stage_seed(context.value(run_dir, "seed"), "balance", iteration, phase))
+    rng = np.random.default_rng(context.of(run_dir).seed_for("balance", iteration, phase))
     balance_system1(rows, cfg.balance, rng)
     return [{k: v for k, v in r.items() if k != "system"} for r in rows]
 

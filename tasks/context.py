@@ -1,75 +1,34 @@
-"""What a task knows about its run: the run folder, its resolved config, and the long-lived engines.
+"""What a task knows about its run: `RunContext`, the run folder opened once per process, with its typed
+config, its pipeline and problems, and the engines built for it.
 
-Tasks receive `run_dir` (a string) plus iteration / phase / versions, and look everything else up
-here, so no model or tensor ever crosses a task boundary and the engines load once per process.
+Tasks receive `run_dir` (a string) plus iteration / phase / versions and call `context.of(run_dir)`, so no
+model or tensor ever crosses a task boundary and the engines load once per process. A process holds one
+run's engines at a time: `of` on another run closes the one before (its generation engine, its Ray actors,
+its model), which is what a Prefect worker serving run after run needs. `RunContext(run_dir)` opens a run
+outside that registry (tests open two side by side); `close` ends either kind.
 """
 
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
-from pydantic import BaseModel
 
-from infra.engines.types import GenerationEngine
 from infra.errors import UsageError
+from tasks.config import RunConfig, validate
 
-T = TypeVar("T", bound=BaseModel)
+IDENTITY = ("run_id", "nonce", "flow_run_id")  # a run folder's own: never copied to another folder
+# what config.yaml holds beside the RunConfig: the identity, and an evaluation folder's records (flows/evaluate.py)
+RUN_KEYS = (*IDENTITY, "problems", "source")
 
 
 def stage_seed(seed: int, *parts) -> int:
     """A 31-bit seed derived from the run seed and a stage's identity (iteration, phase, agent, ...)."""
     h = hashlib.sha256(repr((seed,) + parts).encode()).digest()
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
-
-
-@lru_cache(maxsize=8)
-def _raw(run_dir: str) -> dict:
-    p = Path(run_dir) / "config.yaml"
-    if not p.exists():
-        raise FileNotFoundError(f"{run_dir} is not a teamrl run folder (no config.yaml)")
-    return yaml.safe_load(p.read_text())
-
-
-def forget(run_dir: str) -> None:
-    """Drop the cached config (after config.yaml was rewritten)."""
-    _raw.cache_clear()
-
-
-def section(run_dir: str, name: str, model: type[T]) -> T:
-    """One validated section of the run's resolved config."""
-    return model.model_validate(_raw(str(run_dir))[name])
-
-
-def value(run_dir: str, name: str):
-    return _raw(str(run_dir))[name]
-
-
-@lru_cache(maxsize=2)
-def pipeline(run_dir: str):
-    from pipelines import build_pipeline, pipeline_config
-
-    return build_pipeline(pipeline_config(value(run_dir, "pipeline")), value(run_dir, "seed"))
-
-
-def weights(run_dir: str) -> dict[str, str]:
-    """Role -> the weights unit that plays it (the pipeline's `weights`)."""
-    return pipeline(str(run_dir)).weights
-
-
-def units(run_dir: str) -> list[str]:
-    """The team's weights units: what is built, updated, checkpointed, versioned and registered."""
-    from pipelines.base import weight_units
-
-    return weight_units(weights(run_dir))
-
-
-def roles_of(run_dir: str, unit: str) -> list[str]:
-    """The roles weights `unit` plays."""
-    return [r for r, w in weights(run_dir).items() if w == unit]
 
 
 def user_problems(file: str | Path, docs: str | Path | None) -> dict:
@@ -81,93 +40,142 @@ def user_problems(file: str | Path, docs: str | Path | None) -> dict:
     }
 
 
-def problems(run_dir: str, split: str) -> list:
-    """The pipeline's problems of `split`; in a `teamrl eval --problems` folder the held-out split is the
-    user's file, refused if it changed since the folder was made."""
-    user = _raw(str(run_dir)).get("problems")
-    if split != "eval" or not user:
-        return pipeline(str(run_dir)).problems(split)
-    if (now := user_problems(user["file"], user["docs"])) != user:
-        changed = [user[k] for k in user["sha256"] if now["sha256"][k] != user["sha256"][k]]
-        raise UsageError(
-            f"{', '.join(changed)} changed since {run_dir} was made from it: evaluate it again with "
-            "`teamrl eval RUN --problems FILE`, which makes a new folder"
-        )
-    return pipeline(str(run_dir)).load_problems(user["file"], user["docs"])
+class RunContext:
+    """One run folder opened: `config` (the saved RunConfig), `run_id`, `nonce`, the pipeline, and the
+    engines (`policy`, `generation_engine()`, `rollout_workers()`, `trainer()`), each built on first use
+    and kept until `close()`."""
 
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = str(run_dir)
+        p = Path(run_dir) / "config.yaml"
+        if not p.exists():
+            raise FileNotFoundError(f"{run_dir} is not a teamrl run folder (no config.yaml)")
+        raw = yaml.safe_load(p.read_text())
+        self.run_id: str = raw["run_id"]
+        self.nonce: str = raw["nonce"]
+        self.user_problems: dict | None = raw.get("problems")
+        self.config = validate({k: v for k, v in raw.items() if k not in RUN_KEYS}, RunConfig)
+        self._generation: Any = None
+        self._workers: Any = None
 
-_POLICIES: dict[tuple, Any] = {}  # -> the TeamPolicy (infra/policy.py, imported when built)
+    def seed_for(self, *parts) -> int:
+        """The seed of a stage's randomness: the run seed and the stage's identity."""
+        return stage_seed(self.config.seed, *parts)
 
+    @cached_property
+    def pipeline(self):
+        from pipelines import build_pipeline
 
-def policy(run_dir: str):
-    """The team's TeamPolicy over its weights units, built once per (model config, role -> unit map, seed)
-    and reused across runs' tasks."""
-    from infra.generation import EnginesConfig
-    from infra.models import ModelConfig
-    from infra.policy import TeamPolicy
+        return build_pipeline(self.config.pipeline, self.config.seed)
 
-    mcfg = section(run_dir, "model", ModelConfig)
-    engines = section(run_dir, "engines", EnginesConfig)
-    roles = weights(run_dir)
-    key = (mcfg.model_dump_json(), tuple(roles.items()), value(run_dir, "seed"), engines.device)
-    if key not in _POLICIES:
-        if engines.threads:
+    @property
+    def weights(self) -> dict[str, str]:
+        """Role -> the weights unit that plays it (the pipeline's `weights`)."""
+        return self.pipeline.weights
+
+    @property
+    def units(self) -> list[str]:
+        """The team's weights units: what is built, updated, checkpointed, versioned and registered."""
+        from pipelines.base import weight_units
+
+        return weight_units(self.weights)
+
+    def roles_of(self, unit: str) -> list[str]:
+        """The roles weights `unit` plays."""
+        return [r for r, w in self.weights.items() if w == unit]
+
+    def problems(self, split: str) -> list:
+        """The pipeline's problems of `split`; in a `teamrl eval --problems` folder the held-out split is the
+        user's file, refused if it changed since the folder was made."""
+        user = self.user_problems
+        if split != "eval" or not user:
+            return self.pipeline.problems(split)
+        if (now := user_problems(user["file"], user["docs"])) != user:
+            changed = [user[k] for k in user["sha256"] if now["sha256"][k] != user["sha256"][k]]
+            raise UsageError(
+                f"{', '.join(changed)} changed since {self.run_dir} was made from it: evaluate it again with "
+                "`teamrl eval RUN --problems FILE`, which makes a new folder"
+            )
+        return self.pipeline.load_problems(user["file"], user["docs"])
+
+    @cached_property
+    def policy(self):
+        """The team's TeamPolicy over its weights units. Building it sets this process's torch threads
+        (`engines.threads`), since the engines that follow run on them."""
+        from infra.policy import TeamPolicy
+
+        cfg = self.config
+        if cfg.engines.threads:
             import torch
 
-            torch.set_num_threads(engines.threads)
-        _POLICIES.clear()  # one team in memory at a time
-        _POLICIES[key] = TeamPolicy(
-            mcfg, units(run_dir), seed=value(run_dir, "seed"), device=engines.device, roles=roles
-        )
-    return _POLICIES[key]
+            torch.set_num_threads(cfg.engines.threads)
+        return TeamPolicy(cfg.model, self.units, seed=cfg.seed, device=cfg.engines.device, roles=self.weights)
+
+    def generation_engine(self):
+        """The generation engine (`engines.generation`, infra/engines/); call `use(run_dir, versions)` on it
+        before generating."""
+        if self._generation is None:
+            from infra.engines import engine_class
+
+            cfg = self.config
+            cls = engine_class("generation", cfg.engines.generation)
+            self._generation = cls(self.policy, cfg.model, cfg.engines, list(self.policy.agents), cfg.seed)
+        return self._generation
+
+    def release_generation(self) -> None:
+        """Let a built generation engine give up accelerator memory while the trainer works (vLLM's sleep
+        mode; a no-op otherwise). Builds nothing."""
+        if self._generation is not None:
+            self._generation.sleep()
+
+    def rollout_workers(self):
+        """The Ray rollout actors of `engines.ray` (tasks/rollout_workers.py), placed on first use."""
+        if self._workers is None:
+            from tasks.rollout_workers import RolloutActors
+
+            self._workers = RolloutActors(self.config.engines.ray)
+        return self._workers
+
+    def trainer(self):
+        """The trainer (`engines.trainer`, infra/engines/)."""
+        from infra.engines import engine_class
+
+        return engine_class("trainer", self.config.engines.trainer)(self.config.engines)
+
+    def cache_key(self, done: bool, *parts) -> str | None:
+        """Deterministic per (run instance, iteration, stage, agent), so a rerun of a failed run hits it.
+
+        The store is the authority: while the stage's output partition is absent (never written, or
+        removed by hand) there is no key, so Prefect cannot serve a stale result for it.
+        """
+        if not done:
+            return None
+        return ":".join(["teamrl", self.run_id, self.nonce] + [str(p) for p in parts])
+
+    def close(self) -> None:
+        """Release the engines: the generation engine's memory, the Ray actors and their placement group,
+        the model."""
+        if self._generation is not None:
+            self._generation.close()
+        if self._workers is not None:
+            self._workers.close()
+        self._generation = self._workers = None
+        self.__dict__.pop("policy", None)
 
 
-_GENERATION: dict[tuple, GenerationEngine] = {}
+_OPEN: dict[str, RunContext] = {}  # this process's open run: at most one, see the module docstring
 
 
-def generation_engine(run_dir: str):
-    """The generation engine (`engines.generation`, infra/engines/), built once per team and engine config;
-    call `use(run_dir, versions)` on it before generating."""
-    from infra.engines import engine_class
-    from infra.generation import EnginesConfig
-    from infra.models import ModelConfig
-
-    engines = section(run_dir, "engines", EnginesConfig)
-    pol = policy(run_dir)
-    key = (engines.generation, engines.vllm.model_dump_json(), engines.batch_size, id(pol))
-    if key not in _GENERATION:
-        for old in _GENERATION.values():  # one engine at a time: a GPU engine holds memory until closed
-            old.close()
-        _GENERATION.clear()
-        cls = engine_class("generation", engines.generation)
-        _GENERATION[key] = cls(
-            pol, section(run_dir, "model", ModelConfig), engines, list(pol.agents), value(run_dir, "seed")
-        )
-    return _GENERATION[key]
+def of(run_dir: str | Path) -> RunContext:
+    """This process's context of `run_dir`, opened on first use; opening it closes another run's."""
+    key = str(Path(run_dir).resolve())
+    if key not in _OPEN:
+        close()
+        _OPEN[key] = RunContext(run_dir)
+    return _OPEN[key]
 
 
-def release_generation() -> None:
-    """Let a built generation engine give up accelerator memory while the trainer works (vLLM's sleep
-    mode; a no-op otherwise). Builds nothing."""
-    for engine in _GENERATION.values():
-        engine.sleep()
-
-
-def trainer(run_dir: str):
-    """The trainer (`engines.trainer`, infra/engines/)."""
-    from infra.engines import engine_class
-    from infra.generation import EnginesConfig
-
-    engines = section(run_dir, "engines", EnginesConfig)
-    return engine_class("trainer", engines.trainer)(engines)
-
-
-def prefect_cache_key(run_dir: str, done: bool, *parts) -> str | None:
-    """Deterministic per (run instance, iteration, stage, agent), so a rerun of a failed run hits it.
-
-    The store is the authority: while the stage's output partition is absent (never written, or
-    removed by hand) there is no key, so Prefect cannot serve a stale result for it.
-    """
-    if not done:
-        return None
-    return ":".join(["teamrl", str(value(run_dir, "run_id")), str(value(run_dir, "nonce"))] + [str(p) for p in parts])
+def close(run_dir: str | Path | None = None) -> None:
+    """Close the process's open context (of `run_dir` only, if given); the next `of` reads config.yaml again."""
+    for key in [k for k in _OPEN if run_dir is None or k == str(Path(run_dir).resolve())]:
+        _OPEN.pop(key).close()

@@ -17,11 +17,11 @@ covers one batch of all episodes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from infra.engines.config import RayConfig
 from tasks import context
 from tasks.acting import TeamActs
-
-_WORKERS: dict[tuple, list] = {}
 
 
 def shards(groups: list[str], n: int) -> list[range]:
@@ -32,79 +32,86 @@ def shards(groups: list[str], n: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def workers(cfg: RayConfig) -> list:
-    """The rollout actors for `cfg` (created once per process, placed by a placement group)."""
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+class RolloutActors:
+    """The rollout actors of one run (`RunContext.rollout_workers()`), placed by a placement group; `close`
+    kills them and frees the group's resources."""
 
-    key = tuple(sorted(cfg.model_dump().items()))
-    if key in _WORKERS:
-        return _WORKERS[key]
-    if not ray.is_initialized():
-        ray.init(
-            address=None if cfg.address == "local" else cfg.address,
-            namespace="teamrl",
-            log_to_driver=False,
-            include_dashboard=False,
-            configure_logging=False,
-        )
-    bundle = {"CPU": cfg.cpus_per_worker} | ({"GPU": cfg.gpus_per_worker} if cfg.gpus_per_worker else {})
-    pg = placement_group([bundle] * cfg.rollout_workers, strategy=cfg.placement.upper())
-    ray.get(pg.ready(), timeout=300)
-    actor = ray.remote(RolloutWorker)
-    _WORKERS[key] = [
-        actor.options(
-            num_cpus=cfg.cpus_per_worker,
-            num_gpus=cfg.gpus_per_worker,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
-        ).remote()
-        for i in range(cfg.rollout_workers)
-    ]
-    return _WORKERS[key]
+    def __init__(self, cfg: RayConfig):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        if not ray.is_initialized():
+            ray.init(
+                address=None if cfg.address == "local" else cfg.address,
+                namespace="teamrl",
+                log_to_driver=False,
+                include_dashboard=False,
+                configure_logging=False,
+            )
+        bundle = {"CPU": cfg.cpus_per_worker} | ({"GPU": cfg.gpus_per_worker} if cfg.gpus_per_worker else {})
+        self.group = placement_group([bundle] * cfg.rollout_workers, strategy=cfg.placement.upper())
+        ray.get(self.group.ready(), timeout=300)
+        actor = ray.remote(RolloutWorker)
+        self.actors: list[Any] = [
+            actor.options(
+                num_cpus=cfg.cpus_per_worker,
+                num_gpus=cfg.gpus_per_worker,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, i),
+            ).remote()
+            for i in range(cfg.rollout_workers)
+        ]
 
-def placement() -> list[str]:
-    """The Ray node id of every live rollout actor of this process, in worker order."""
-    import ray
+    def placement(self) -> list[str]:
+        """The Ray node id of every actor, in worker order."""
+        import ray
 
-    return [ray.get(w.node.remote()) for ws in _WORKERS.values() for w in ws]
+        return [ray.get(a.node.remote()) for a in self.actors]
 
+    def play(
+        self,
+        run_dir: str,
+        versions: dict[str, int],
+        problems: list,
+        episode_ids: list[str],
+        group_ids: list[str],
+        temperature: float,
+        greedy: bool,
+        seed_parts: tuple,
+    ) -> list:
+        """The episodes of `problems`, played shard by shard on the actors, in the input order."""
+        import ray
 
-def play_on_ray(
-    cfg: RayConfig,
-    run_dir: str,
-    versions: dict[str, int],
-    problems: list,
-    episode_ids: list[str],
-    group_ids: list[str],
-    temperature: float,
-    greedy: bool,
-    seed_parts: tuple,
-) -> list:
-    """The episodes of `problems`, played shard by shard on the rollout actors, in the input order."""
-    import ray
+        parts = shards(group_ids, len(self.actors))
+        futures = [
+            a.play.remote(
+                run_dir,
+                versions,
+                problems[r.start : r.stop],
+                episode_ids[r.start : r.stop],
+                group_ids[r.start : r.stop],
+                temperature,
+                greedy,
+                seed_parts + (j,),
+            )
+            for j, (a, r) in enumerate(zip(self.actors, parts))
+        ]
+        return [e for eps in ray.get(futures) for e in eps]
 
-    ws = workers(cfg)
-    parts = shards(group_ids, len(ws))
-    futures = [
-        w.play.remote(
-            run_dir,
-            versions,
-            problems[r.start : r.stop],
-            episode_ids[r.start : r.stop],
-            group_ids[r.start : r.stop],
-            temperature,
-            greedy,
-            seed_parts + (j,),
-        )
-        for j, (w, r) in enumerate(zip(ws, parts))
-    ]
-    return [e for eps in ray.get(futures) for e in eps]
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if not ray.is_initialized():  # disconnected: the actors went with the connection (and a call would start Ray)
+            return
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.group)
+        self.actors = []
 
 
 class RolloutWorker:
-    """A Ray actor holding the team (tasks/context.py's engines, loaded once) that plays episodes."""
+    """A Ray actor that plays episodes with the team of its run (`context.of`: the engines load once)."""
 
     def node(self) -> str:
         import ray
@@ -122,12 +129,12 @@ class RolloutWorker:
         greedy: bool,
         seed_parts: tuple,
     ) -> list:
-        pipe = context.pipeline(run_dir)
-        engine = context.generation_engine(run_dir)
+        ctx = context.of(run_dir)
+        pipe, engine = ctx.pipeline, ctx.generation_engine()
         engine.use(run_dir, versions)
         act = TeamActs(
             engine,
-            context.policy(run_dir).tokenizer,
+            ctx.policy.tokenizer,
             pipe,
             temperature,
             greedy,

@@ -84,9 +84,7 @@ def stage(
 
         def cache_key(_ctx, params: dict) -> str | None:
             out, _ = output(params)
-            return context.prefect_cache_key(
-                out.run_dir, out.exists(tables[-1]), name, out.iteration, out.phase, out.part
-            )
+            return context.of(out.run_dir).cache_key(out.exists(tables[-1]), name, out.iteration, out.phase, out.part)
 
         @functools.wraps(fn)
         def run(*args, **kwargs):

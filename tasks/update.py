@@ -24,9 +24,7 @@ from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
-from tasks.algorithm import AlgorithmConfig
 from tasks.certificate import Bound, Segment, bound, episode_terms
-from tasks.collect_rollouts import RolloutConfig
 from tasks.decoupled import Turn, join_turns
 from tasks.losses import LOSSES
 from tasks.stage import stage
@@ -68,7 +66,7 @@ def train_items(df) -> list[TrainItem]:
 
 def _items(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainItem]:
     df = store.load_actions(run_dir, iteration, phase)
-    return train_items(df[df["agent"].isin(context.roles_of(run_dir, unit))])
+    return train_items(df[df["agent"].isin(context.of(run_dir).roles_of(unit))])
 
 
 def enforce_trust_region(
@@ -144,7 +142,7 @@ def measure_update(
     it adds nothing to the gain, while its tokens still count in the occupancy penalty. (None, None) for a
     batch without raw advantages (written before they were recorded)."""
     df = store.load_actions(run_dir, iteration, phase)
-    df = df.assign(unit=df["agent"].map(context.weights(run_dir)), scored=df["raw_advantages"].notna())
+    df = df.assign(unit=df["agent"].map(context.of(run_dir).weights), scored=df["raw_advantages"].notna())
     mine = df[df["unit"] == agent].to_dict("records")
     scored = [r for r in mine if r["scored"]]
     if not scored:
@@ -181,14 +179,14 @@ def measure_update(
 )
 def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
     """Update weights unit `agent` from `version_before` (a call returns the version after)."""
-    cfg = context.section(run_dir, "algorithm", AlgorithmConfig)
-    policy = context.policy(run_dir)
+    ctx = context.of(run_dir)
+    cfg, policy = ctx.config.algorithm, ctx.policy
     policy.load(run_dir, agent, version_before)
     items = _items(run_dir, iteration, phase, agent)
     ckpt = checkpoint_dir(run_dir, agent, version_before)
-    seed = context.stage_seed(context.value(run_dir, "seed"), "update", iteration, phase, agent)
+    seed = ctx.seed_for("update", iteration, phase, agent)
     row = {
-        "run_id": context.value(run_dir, "run_id"),
+        "run_id": ctx.run_id,
         "iteration": iteration,
         "phase": phase,
         "agent": agent,
@@ -209,12 +207,12 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             "reason": NO_SCORED_ACTIONS,
         }
     else:
-        temperature = context.section(run_dir, "rollout", RolloutConfig).temperature
+        temperature = ctx.config.rollout.temperature
         with policy.materialized(agent):
             start = [p.detach().clone() for p in policy.parameters(agent)]
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
-        trainer = context.trainer(run_dir)
-        context.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
+        trainer = ctx.trainer()
+        ctx.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
         with progress_bar(f"update {agent} it={iteration}", steps) as advance:
             res, opt_state = trainer.train(
                 policy,

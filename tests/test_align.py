@@ -133,7 +133,8 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     rd = str(run_dir)
     before = evaluate_partition(rd, 1)  # the team before the swap (the flow uses it, never redoes it)
     # the KL of a fresh executor to the trained one, to set a delta0 that needs a few steps
-    policy, temperature = context.policy(rd), context.value(rd, "rollout")["temperature"]
+    ctx = context.of(rd)
+    policy, temperature = ctx.policy, ctx.config.rollout.temperature
     probe = probe_set(rd, 1, "executor", 32)
     policy.load(rd, "executor", 1)
     with policy.acting("executor") as m:

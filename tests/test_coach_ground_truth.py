@@ -9,10 +9,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import yaml
 from conftest import tiny_config
 
 from flows.config import ConfigError, load_config
+from infra import runs
 from pipelines.base import Episode, Problem
 from tasks import context
 from tasks.coach_evaluate import score_episodes
@@ -94,7 +94,7 @@ def dsbench_episode():
 
 
 def deepresearch_episode(run_dir):
-    p = next(p for p in context.pipeline(run_dir).problems("train") if p.hops == 2)  # a bridge document to hide
+    p = next(p for p in context.of(run_dir).pipeline.problems("train") if p.hops == 2)  # a bridge document to hide
     acts = [
         act(0, "system2", "search: who built it", "# Unrelated Page\nnothing here", "search", "who built it"),
         act(1, "system1", "- nothing relevant", "# Unrelated Page\nnothing here", "extract", "who built it"),
@@ -105,14 +105,13 @@ def deepresearch_episode(run_dir):
 
 def hidden_titles(run_dir, ep):
     """The gold support documents that the question does not name."""
-    return [t for t in context.pipeline(run_dir)._support_titles[ep.problem.task_id] if t not in ep.problem.question]
+    return [t for t in context.of(run_dir).pipeline._support_titles[ep.problem.task_id] if t not in ep.problem.question]
 
 
 def run_dir_for(tmp_path, preset, *overrides):
     """A run folder holding only the resolved config, as the coach stage reads it."""
     cfg = load_config(preset, [f"run.dir={tmp_path}", *overrides])
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    return str(tmp_path)
+    return str(runs.create_run(tmp_path, "coach", cfg.model_dump(mode="json")))
 
 
 @pytest.mark.parametrize("preset", ["tiny", "dsbench-tiny", "deepresearch-tiny"])
@@ -141,7 +140,7 @@ def test_llm_coach_requests_hold_no_answer(server, tmp_path, preset, ground_trut
     else:
         assert not [s for s in leaked if s in payload]
         assert "not given" in payload and "Correct answer" not in payload  # nor in the few-shot example
-        for fb in context.pipeline(run_dir).feedback(ep, False):
+        for fb in context.of(run_dir).pipeline.feedback(ep, False):
             assert not [s for s in leaked if s in fb]
 
 

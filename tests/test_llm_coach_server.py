@@ -35,7 +35,7 @@ def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
     from tasks.coach_evaluate import load_partition_episodes
 
     _, run_dir = trained_run
-    pipe = context.pipeline(str(run_dir))
+    pipe = context.of(run_dir).pipeline
     roles = {a.name: a.role for a in pipe.agents}
     reqs = []
     for ep in load_partition_episodes(str(run_dir), 1, "rollout")[:n]:

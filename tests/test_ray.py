@@ -77,7 +77,7 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
 
     from flows.train import train
     from infra import store
-    from tasks import rollout_workers
+    from tasks import context
 
     run_dir = train(
         config=tiny_config(
@@ -91,7 +91,7 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
             "engines.ray.placement=strict_spread",
         )
     )
-    nodes = rollout_workers.placement()
+    nodes = context.of(run_dir).rollout_workers().placement()
     assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
     assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
     eps = store.read_table(run_dir, "episodes", 1, "rollout")

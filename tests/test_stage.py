@@ -52,10 +52,10 @@ def toy_pair(run_dir: str, iteration: int, phase: str) -> dict[str, list[dict]]:
 def run_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("TEAMRL_FAULT", raising=False)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"run_id": "toy", "nonce": "n1"}))
-    context.forget(str(tmp_path))
+    context.close(tmp_path)
     calls.clear()
     yield str(tmp_path)
-    context.forget(str(tmp_path))
+    context.close(tmp_path)
 
 
 def test_a_stage_computes_once_and_then_answers_from_the_store(run_dir):

@@ -1,0 +1,149 @@
+"""The run config as one typed model: each component's own pydantic section (the model, the pipeline, the
+rollouts, the coach, the algorithm, the engines, checkpoints) composed into `RunConfig`, with the checks
+that span sections. It lives in tasks/ so that a stage reads its run's config typed
+(`RunContext.config`, tasks/context.py); flows/config.py loads it from presets and `--set` overrides."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from infra.engines.config import EnginesConfig
+from infra.errors import TeamrlError
+from infra.models import ModelConfig
+from infra.policy import CheckpointConfig
+from pipelines import PIPELINES, MathChatConfig, PipelineConfig
+from pipelines.base import no_blind_rubric
+from tasks.algorithm import AlgorithmConfig
+from tasks.coach import CoachConfig
+
+
+class RolloutConfig(BaseModel):
+    """How many episodes an iteration plays and how they are sampled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    questions: int = Field(8, ge=1, description="training questions per iteration")
+    group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=5,
+        description="sampling temperature of training rollouts; "
+        "log-probs (policy, reference, training) are of softmax(logits / T)",
+    )
+    eval_questions: int | None = Field(None, ge=1, description="held-out questions per evaluation (None: all)")
+    eval_samples: int = Field(
+        0, ge=0, le=64, description="sampled episodes per held-out question for pass@k (0: greedy only)"
+    )
+    max_infra_share: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="stop the run when more than this share of a "
+        "partition's actions are left unscored by infrastructure faults (a sandbox that "
+        "would not start, a tool backend or scorer that failed after its retries)",
+    )
+
+
+class RunSettings(BaseModel):
+    """Where a run's files and tracking go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str = Field("runs", description="folder holding one sub-folder per run (and the MLflow database)")
+    id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="run id (default: `<preset>-<timestamp>-<random>`)",
+    )
+    experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: `sqlite:///<dir>/mlflow.db`)")
+    mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
+    registry: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$",
+        description="register each agent's final checkpoint as MLflow model "
+        "`<registry>-<agent>` with alias `best` (default: the preset name)",
+    )
+
+
+class RunConfig(BaseModel):
+    """Everything a training run needs; the resolved copy is saved as `runs/<run_id>/config.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = Field("custom", description="name of the preset this config came from")
+    seed: int = Field(0, ge=0, description="the same seed gives the same tables")
+    iterations: int = Field(2, ge=0, le=100000, description="training iterations")
+    evaluate: bool = Field(
+        True, description="evaluate on the held-out split before the first and after the last iteration"
+    )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="with `evaluate`, also evaluate after every this-many iterations "
+        "(0: only before the first and after the last), for held-out learning curves",
+    )
+    run: RunSettings = Field(default_factory=RunSettings)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    pipeline: PipelineConfig = Field(default_factory=MathChatConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    coach: CoachConfig = Field(default_factory=CoachConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _engines_fit_the_model(self):
+        e, m = self.engines, self.model
+        if e.generation == "vllm" and m.weights != "lora":
+            raise ValueError("engines.generation=vllm serves one LoRA adapter per agent: it needs model.weights=lora")
+        if e.generation == "vllm" and m.name == "tiny":
+            raise ValueError(
+                "engines.generation=vllm cannot serve model.name=tiny (a random model that exists only "
+                "in memory): name a Hugging Face model, a local folder or smollm2-135m-instruct"
+            )
+        if e.trainer == "deepspeed" and e.device == "cpu":
+            raise ValueError("engines.trainer=deepspeed runs on a GPU: set engines.device=cuda")
+        return self
+
+    @model_validator(mode="after")
+    def _coach_fits_the_pipeline(self):
+        c = self.coach
+        if c.backend == "rubric" and not c.ground_truth and not PIPELINES[self.pipeline.name].answer_blind_rubric:
+            raise ValueError(no_blind_rubric(self.pipeline.name))
+        return self
+
+
+class ConfigError(TeamrlError, ValueError):
+    """A config problem; the message names the field."""
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def format_errors(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        got = (
+            f" (got {err['input']!r})"
+            if err["type"] != "extra_forbidden" and "input" in err and not isinstance(err["input"], dict)
+            else ""
+        )
+        if not where:  # a check across sections: its message names the fields
+            lines.append(msg.removeprefix("Value error, "))
+            continue
+        lines.append(f"{where}: {msg}{got}")
+    return "invalid config: " + "; ".join(lines)
+
+
+def validate(raw: dict, model: type[T]) -> T:
+    """`raw` as a `model` (a RunConfig, or one section); a ConfigError naming the bad fields."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None
