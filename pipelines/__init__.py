@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Discriminator, Tag, TypeAdapter
+from pydantic import BaseModel, Discriminator, PlainValidator, Tag, TypeAdapter
 
 from infra.plugins import Registry
 from pipelines.base import AgentSpec, Pipeline, Problem
@@ -12,21 +12,37 @@ from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.dsbench import DSBench, DSBenchConfig
 from pipelines.mathchat import MathChat, MathChatConfig
 
+BUILT_IN = ("mathchat", "deepresearch", "dsbench")
+
 
 def _name(v) -> str:
     return (v.get("name") if isinstance(v, dict) else getattr(v, "name", None)) or "mathchat"
 
 
-# one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out)
+def _member(v) -> str:
+    name = _name(v)
+    return name if name in BUILT_IN else "registered"
+
+
+def _registered(v) -> BaseModel:
+    """A pipeline registered from outside the package (a module of the run's `plugins`): its class's
+    `Config` model validates the section."""
+    cls = PIPELINES[_name(v)]
+    return v if isinstance(v, cls.Config) else cls.Config.model_validate(v)
+
+
+# one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out); the built-in
+# ones are spelled out so that their fields have a form in the Prefect UI
 PipelineConfig = Annotated[
     Annotated[MathChatConfig, Tag("mathchat")]
     | Annotated[DeepResearchConfig, Tag("deepresearch")]
-    | Annotated[DSBenchConfig, Tag("dsbench")],
-    Discriminator(_name),
+    | Annotated[DSBenchConfig, Tag("dsbench")]
+    | Annotated[Any, PlainValidator(_registered), Tag("registered")],
+    Discriminator(_member),
 ]
 
 
-def pipeline_config(raw: dict) -> MathChatConfig | DeepResearchConfig | DSBenchConfig:
+def pipeline_config(raw: dict) -> Any:
     """Validate a `pipeline:` section into its pipeline's config model."""
     return TypeAdapter(PipelineConfig).validate_python(raw)
 
@@ -36,7 +52,7 @@ for _cls in (MathChat, DeepResearch, DSBench):
     PIPELINES.register(_cls.name, _cls)
 
 
-def build_pipeline(cfg: MathChatConfig | DeepResearchConfig | DSBenchConfig, seed: int) -> Pipeline:
+def build_pipeline(cfg: Any, seed: int) -> Pipeline:
     return PIPELINES[cfg.name](cfg, seed)
 
 

@@ -72,6 +72,7 @@ class Act(Protocol):
 
 class Pipeline(Protocol):
     name: str
+    Config: type  # its config model (a pydantic model with `name`), built as `Pipeline(Config(...), seed)`
     agents: list[AgentSpec]
     # role (agent name) -> the trainable weights that play it (a LoRA adapter or a full copy; its checkpoints,
     # its updates, its version): `own_weights` for a team of separate models, one name for roles sharing one

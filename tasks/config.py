@@ -5,6 +5,7 @@ that span sections. It lives in tasks/ so that a stage reads its run's config ty
 
 from __future__ import annotations
 
+import importlib
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -87,6 +88,12 @@ class RunConfig(BaseModel):
         "(0: only before the first and after the last), for held-out learning curves",
     )
     run: RunSettings = Field(default_factory=RunSettings)
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the rest of the config is read; each registers its own "
+        "pipelines, estimators, losses or engines (docs/guides/extending.md). Saved with the run, so a "
+        "resume, an evaluation or a Ray worker imports them too",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     pipeline: PipelineConfig = Field(default_factory=MathChatConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -94,6 +101,17 @@ class RunConfig(BaseModel):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, raw):
+        modules = raw.get("plugins") if isinstance(raw, dict) else None
+        for module in modules if isinstance(modules, list) else ():  # other types: the field's error
+            try:
+                importlib.import_module(str(module))
+            except ImportError as e:
+                raise ValueError(f"plugins: cannot import {module!r}: {e}") from None
+        return raw
 
     @model_validator(mode="after")
     def _engines_fit_the_model(self):

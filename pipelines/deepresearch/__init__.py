@@ -59,6 +59,7 @@ def _docs_index(path: str) -> SearchIndex:
 
 class DeepResearch(PipelineBase):
     name = "deepresearch"
+    Config = DeepResearchConfig
 
     def stop(self, agent: str) -> tuple[str, ...]:
         return tuple(self.cfg.stop)

@@ -181,6 +181,7 @@ def program(text: str) -> str | None:
 
 class DSBench(PipelineBase):
     name = "dsbench"
+    Config = DSBenchConfig
     agents = [
         AgentSpec("data_engineer", "Data Engineer: writes feature-engineering code that produces the feature files"),
         AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),

@@ -48,6 +48,7 @@ VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWE
 
 class MathChat(PipelineBase):
     name = "mathchat"
+    Config = MathChatConfig
     answer_blind_rubric = True
     agents = [
         AgentSpec("solver", "Problem Solver: explains how to compute the answer"),
