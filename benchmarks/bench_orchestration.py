@@ -10,7 +10,7 @@ two run folders with the same config and seed; iterations 1, 2, ... of each:
   `iteration-<k>` sub-flow (Prefect task runs with their cache keys and result settings), then the
   iteration's metrics logged to MLflow and its Prefect table artifact, against a temporary Prefect server
   (SQLite) and MLflow (SQLite in the run root).
-- plain loop: the same DAG code (`flows.train.iteration`) with each task call replaced by a call of the
+- plain loop: the same DAG code (`flows.train.iteration_stages`) with each task call replaced by a call of the
   task's function (`without_task_runs`), its metrics read from the store; no Prefect task or flow run, no
   MLflow.
 
@@ -40,7 +40,7 @@ from prefect.tasks import Task
 
 from benchmarks.common import Section, Target, median_seconds
 from flows.config import load_config
-from flows.train import iteration, no_heartbeat, train_iteration
+from flows.train import iteration_stages, no_heartbeat, train_iteration
 from infra import runs, store
 from infra.tracking import Tracker
 from tasks import context
@@ -141,7 +141,7 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     def plain(k: int) -> None:
         t0 = time.perf_counter()
         with without_task_runs():
-            m = iteration(rd_plain, k, agents, cfg.algorithm, cfg.seed)
+            m = iteration_stages(rd_plain, k, agents, cfg.algorithm, cfg.seed)
         out["plain"].append(split(m, time.perf_counter() - t0))
 
     for k in range(1, warmup + repeats + 1):

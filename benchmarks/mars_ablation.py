@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 def summary(run_dir: Path) -> dict:
     """Held-out EM/F1 first and last, and the rollout averages of the MARS metrics."""
-    from flows.report import is_eval, run_table
+    from flows.metrics import is_eval
+    from flows.report import run_table
 
     df = run_table(run_dir)
     ev, ro = df[df["phase"].map(is_eval)], df[df["phase"] == "rollout"]

@@ -51,7 +51,8 @@ from benchmarks.strategies_variants import OUT, VARIANTS  # noqa: E402
 
 def per_iteration(run_dir: Path) -> pd.DataFrame:
     """One row per training iteration (and iteration 0: the untrained team's held-out success)."""
-    from flows.report import is_eval, run_table
+    from flows.metrics import is_eval
+    from flows.report import run_table
     from infra import store
 
     df = run_table(run_dir)

@@ -24,7 +24,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.report import partition_metrics
+from flows.metrics import partition_metrics
 from infra import runs, store
 from infra.errors import TeamrlError
 from infra.tracking import Tracker

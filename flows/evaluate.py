@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.report import partition_metrics
+from flows.metrics import partition_metrics
 from infra import runs, store
 from infra.engines import require
 from infra.errors import UsageError

@@ -18,7 +18,8 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from flows.evaluate import evaluate_partition
-from flows.report import agent_table, partition_metrics, plot_run, summary_markdown, update_metrics
+from flows.metrics import agent_table, partition_metrics, update_metrics
+from flows.report import plot_run, summary_markdown
 from infra import engines, flow_runs, runs, store
 from infra.interrupt import by_ctrl_c
 from infra.policy import OPTIMIZER, checkpoint_dir, latest_version, prune_checkpoints
@@ -85,7 +86,7 @@ def rollout_partition(run_dir: str, k: int, phase: str, versions: dict[str, int]
     timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
 
 
-def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+def iteration_stages(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
     """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
     included)."""
     seconds: dict[str, float] = {}
@@ -119,9 +120,9 @@ def iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, se
 
 
 @flow(name="iteration", flow_run_name="iteration-{k}")
-def run_iteration(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+def iteration_flow(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
     """One iteration of the DAG as a sub-flow run `iteration-<k>`."""
-    return iteration(run_dir, k, agents, algo, seed)
+    return iteration_stages(run_dir, k, agents, algo, seed)
 
 
 _no_heartbeat: list = []  # [(the settings in force, the same with the heartbeat off)]: the last pair made
@@ -149,7 +150,7 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
     engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
     rd = str(run_dir)
     with no_heartbeat():
-        m = run_iteration(rd, k, agents, cfg.algorithm, cfg.seed)
+        m = iteration_flow(rd, k, agents, cfg.algorithm, cfg.seed)
     if types := context.of(rd).pipeline.task_types:  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)

@@ -107,7 +107,7 @@ def test_run_all_writes_results_and_reports_a_failing_benchmark(tmp_path, monkey
 
 @pytest.mark.slow
 def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
-    """One tiny iteration through `train_iteration` (Prefect, MLflow) and through `iteration(plain=True)`;
+    """One tiny iteration through `train_iteration` (Prefect, MLflow) and through `iteration_stages` as plain calls;
     the benchmark itself checks both wrote the same partitions and tokens."""
     from benchmarks import bench_orchestration
 

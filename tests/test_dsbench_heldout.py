@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.config import ConfigError, load_config
-from flows.report import partition_metrics
+from flows.metrics import partition_metrics
 from infra import store
 from infra.sandbox import SandboxConfig
 from pipelines.dsbench import DSBench, DSBenchConfig, data, synthetic

@@ -75,7 +75,7 @@ def _fail_marked_programs(monkeypatch):
 
 @pytest.mark.slow
 def test_sandbox_and_scorer_faults_leave_their_episodes_unscored(prefect_harness, tmp_path, monkeypatch):
-    from flows.report import partition_metrics
+    from flows.metrics import partition_metrics
     from flows.train import train
     from pipelines.mathchat import MathChat
 
@@ -177,7 +177,7 @@ def test_a_dsbench_scorer_that_raises_leaves_the_episode_unscored(monkeypatch):
 
 
 def test_success_counts_only_the_episodes_no_infra_fault_hit(tmp_path):
-    from flows.report import partition_metrics
+    from flows.metrics import partition_metrics
     from tests.test_store import ROWS
 
     def episode(eid, success, fault):

@@ -113,7 +113,7 @@ def test_balance_system1_matches_system2_count():
 def test_deepresearch_flow_trains_both_systems(mars_run):
     """One real iteration: System 2 searches with a purpose, System 1 extracts from FFD bins, the model
     both play gets a GRPO update, System-1 samples are balanced to the number of trajectories."""
-    from flows.report import partition_metrics
+    from flows.metrics import partition_metrics
     from infra import store
 
     _, run_dir = mars_run

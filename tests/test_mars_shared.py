@@ -156,7 +156,7 @@ def test_shared_model_flow(mars_run):
     """(d, e) deepresearch-tiny (shared_model: true), one iteration: one update of `shared`, one
     checkpoint folder, role keys in the policy versions, System-1 weights balanced, per-system metrics."""
     from flows.align import AlignError, plan
-    from flows.report import partition_metrics
+    from flows.metrics import partition_metrics
     from infra import store
     from tasks.align import AlignConfig
 

@@ -185,7 +185,7 @@ def test_outcome_coach_pass_at_k_and_summary(prefect_harness, tmp_path):
     """`coach.backend=outcome` gives every action the sparse episode outcome; eval samples give pass@k;
     the run ends with a summary plot and table (also an MLflow artifact). Without a KL penalty
     (kl_coef = 0) no reference pass runs."""
-    from flows.report import partition_metrics
+    from flows.metrics import partition_metrics
     from flows.train import train
 
     run_dir = Path(
