@@ -81,20 +81,27 @@ def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
 
 
 def accumulate(
-    mb: list[TrainItem], micro_batch_size: int, forward: Callable, loss_fn: Callable, backward: Callable
+    mb: list[TrainItem],
+    micro_batch_size: int,
+    forward: Callable,
+    loss_fn: Callable,
+    backward: Callable,
+    rank: int = 0,
+    world: int = 1,
 ) -> tuple[float, dict[str, float]]:
     """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
 
     `forward(micro, last)` gives the micro-batch's [B, L] log-probs (`last`: the minibatch's final
     micro-batch). Micro-batches bound activation memory; weighting each one's token-mean loss by its
     share of the minibatch's tokens makes the summed gradient the minibatch token-mean's, whatever
-    the order, so samples that share a prompt are put together (`by_prompt`)."""
+    the order, so samples that share a prompt are put together (`by_prompt`). With `world` ranks, rank
+    r takes micro-batches r, r + world, ...: its loss, stats and gradients are its part of the sum."""
     mb = by_prompt(mb)
     mb_tokens = max(1, sum(sum(it.mask) for it in mb))
     loss_sum = 0.0
     stats_sum: dict[str, float] = {}
     starts = range(0, len(mb), micro_batch_size)
-    for m0 in starts:
+    for m0 in starts[rank::world]:
         micro = mb[m0 : m0 + micro_batch_size]
         logp = forward(micro, m0 == starts[-1])
         old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
@@ -122,6 +129,8 @@ class TrainSpec:
     micro_batch_size: int = 2
     kl_stop: float | None = None  # stop, before its step, at a minibatch whose KL estimate exceeds it
     on_step: Callable[[], None] | None = field(default=None, compare=False)  # after every optimizer step
+    rank: int = 0  # this process's rank among `world` training ranks (torch.distributed, infra/ranks.py)
+    world: int = 1
 
 
 class Steps(Protocol):
@@ -154,7 +163,8 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
     when the update was refused (a non-finite loss or gradient norm; the weights are then restored).
 
     `kl_stop`: the update ends before the step of a minibatch whose KL estimate (the loss's `kl` stat,
-    with the weights so far) exceeds it; `stats['early_stopped']` is then 1."""
+    with the weights so far) exceeds it; `stats['early_stopped']` is then 1. With `spec.world` ranks, each
+    runs this loop on the same items: every decision is taken on sums over the ranks, so they stay in step."""
     t0 = time.perf_counter()
     losses: list[float] = []
     stats_acc: dict[str, list[float]] = {}
@@ -168,7 +178,11 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
     try:
         for mb in minibatches(items, spec.epochs, spec.minibatch_size, spec.seed):
             steps.zero_grad()
-            loss_sum, stats = accumulate(mb, spec.micro_batch_size, steps.forward, loss_fn, steps.backward)
+            loss_sum, stats = accumulate(
+                mb, spec.micro_batch_size, steps.forward, loss_fn, steps.backward, spec.rank, spec.world
+            )
+            if spec.world > 1:  # every rank decides on the whole minibatch's loss and KL
+                loss_sum, stats = all_sum(loss_sum, stats)
             if not math.isfinite(loss_sum):
                 return refused("loss")
             if spec.kl_stop is not None and stats.get("kl", 0.0) > spec.kl_stop:
@@ -184,11 +198,41 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
             for k, v in (stats | ({} if gnorm is None else {"grad_norm": gnorm})).items():
                 stats_acc.setdefault(k, []).append(v)
         state = steps.state()
+    except BaseException:  # a failed update (a rank that died, Ctrl-C) leaves the weights as they were
+        steps.restore()
+        raise
     finally:
         steps.close()
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
     loss = float(np.mean(losses)) if losses else 0.0
     return TrainResult(loss, tokens, time.perf_counter() - t0, False, "", stats), state
+
+
+def all_sum(loss: float, stats: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """The sum over the ranks of each rank's part of a minibatch's loss and stats (a rank without a
+    micro-batch has no stats)."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (loss, stats))
+    total: dict[str, float] = {}
+    for _, st in parts:
+        for k, v in st.items():
+            total[k] = total.get(k, 0.0) + v
+    return float(sum(p[0] for p in parts)), total
+
+
+def reduce_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum the ranks' gradients (each rank's part of the token-weighted minibatch loss), so every rank
+    clips and steps on the whole minibatch's gradient and the replicas stay identical (DDP's all-reduce,
+    once per step rather than per backward: micro-batches accumulate locally first)."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for p, g in zip(params, torch.split(flat, [g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
 
 
 class TorchSteps:
@@ -227,6 +271,8 @@ class TorchSteps:
         loss.backward()
 
     def step(self) -> float:
+        if self.spec.world > 1:
+            reduce_gradients(self.params)
         gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.spec.max_grad_norm).item()
         if math.isfinite(gnorm):
             self.opt.step()

@@ -125,6 +125,11 @@ class RunConfig(BaseModel):
             )
         if e.trainer == "deepspeed" and e.device == "cpu":
             raise ValueError("engines.trainer=deepspeed runs on a GPU: set engines.device=cuda")
+        if e.train_ranks > 1 and (e.trainer != "torch" or e.device != "cpu"):
+            raise ValueError(
+                "engines.train_ranks > 1 runs the torch trainer on CPU (gloo) only for now: set "
+                "engines.trainer=torch and engines.device=cpu, or engines.train_ranks=1"
+            )
         return self
 
     @model_validator(mode="after")

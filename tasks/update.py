@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
+import torch
 
 from infra import store
+from infra.faults import crash_point
 from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
+from infra.ranks import spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
 from tasks.certificate import Bound, Segment, bound, episode_terms
@@ -183,8 +187,6 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
     cfg, policy = ctx.config.algorithm, ctx.policy
     policy.load(run_dir, agent, version_before)
     items = _items(run_dir, iteration, phase, agent)
-    ckpt = checkpoint_dir(run_dir, agent, version_before)
-    seed = ctx.seed_for("update", iteration, phase, agent)
     row = {
         "run_id": ctx.run_id,
         "iteration": iteration,
@@ -213,25 +215,18 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
         trainer = ctx.trainer()
         ctx.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
-        with progress_bar(f"update {agent} it={iteration}", steps) as advance:
+        world = ctx.config.engines.train_ranks
+        # with several ranks, this process is rank 0 and keeps the result: the rest of the update is as for one
+        with (
+            progress_bar(f"update {agent} it={iteration}", steps) as advance,
+            _ranks(ctx, (run_dir, iteration, phase, agent, version_before)),
+        ):
             res, opt_state = trainer.train(
                 policy,
                 agent,
                 items,
-                partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps),
-                TrainSpec(
-                    lr=cfg.lr,
-                    weight_decay=cfg.weight_decay,
-                    epochs=cfg.epochs,
-                    minibatch_size=cfg.minibatch_size,
-                    max_grad_norm=cfg.max_grad_norm,
-                    micro_batch_size=cfg.micro_batch_size,
-                    kl_stop=cfg.kl_delta,
-                    seed=seed,
-                    optimizer_state=ckpt / OPTIMIZER,
-                    temperature=temperature,
-                    on_step=advance,
-                ),
+                _loss(ctx),
+                _spec(ctx, iteration, phase, agent, version_before, on_step=advance, world=world),
             )
         row |= {
             "kl": None,
@@ -280,3 +275,51 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                 extra={"iteration": iteration, "phase": phase},
             )
     return [row]
+
+
+def _loss(ctx: context.RunContext):
+    cfg = ctx.config.algorithm
+    return partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps)
+
+
+def _spec(ctx: context.RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
+    """How the update of `agent` from `version_before` trains; every training rank builds the same one."""
+    cfg = ctx.config.algorithm
+    return TrainSpec(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        epochs=cfg.epochs,
+        minibatch_size=cfg.minibatch_size,
+        max_grad_norm=cfg.max_grad_norm,
+        micro_batch_size=cfg.micro_batch_size,
+        kl_stop=cfg.kl_delta,
+        seed=ctx.seed_for("update", iteration, phase, agent),
+        optimizer_state=checkpoint_dir(ctx.run_dir, agent, version_before) / OPTIMIZER,
+        temperature=ctx.config.rollout.temperature,
+        **more,
+    )
+
+
+def _ranks(ctx: context.RunContext, update_args: tuple):
+    """With `engines.train_ranks` > 1, the other ranks (infra/ranks.py) for the update in the body, run as
+    rank 0; else nothing."""
+    e = ctx.config.engines
+    if e.train_ranks == 1:
+        return nullcontext()
+    threads = max(1, (e.threads or torch.get_num_threads()) // e.train_ranks)
+    return spawn_ranks(e.train_ranks, threads, train_rank, update_args)
+
+
+def train_rank(
+    run_dir: str, iteration: int, phase: str, agent: str, version_before: int, rank: int, world: int
+) -> None:
+    """Training rank `rank` > 0 of an update: the same replica, batch and spec as rank 0, its share of each
+    minibatch (infra/trainer.py `accumulate`); rank 0 keeps the result."""
+    ctx = context.of(run_dir)
+    ctx.policy.load(run_dir, agent, version_before)
+    items = _items(run_dir, iteration, phase, agent)
+    # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
+    spec = _spec(
+        ctx, iteration, phase, agent, version_before, rank=rank, world=world, on_step=lambda: crash_point(f"rank{rank}")
+    )
+    ctx.trainer().train(ctx.policy, agent, items, _loss(ctx), spec)

@@ -69,6 +69,19 @@ class EnginesConfig(BaseModel):
         "it lasts (+0.4 GiB there); false: the adapter beside every layer, no extra memory",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default)")
+    train_ranks: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes that train each update together, data-parallel: each takes its share of "
+        "every minibatch and the gradients are summed before the step, so N ranks make the same update "
+        "as 1 (up to float rounding); the `torch` trainer on CPU (gloo), on this machine (`train_launcher`)",
+    )
+    train_launcher: Literal["spawn"] = Field(
+        "spawn",
+        description="how the ranks start: `spawn` (torch.multiprocessing on this machine; the update's "
+        "process is rank 0, the others load the model for the update and exit)",
+    )
     rescore_logprobs: bool = Field(
         False,
         description="replace the generation engine's log-probs of training "

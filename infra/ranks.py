@@ -1,0 +1,117 @@
+"""Training ranks on one machine (`engines.train_ranks`, launcher `spawn`): the calling process is rank 0,
+and ranks 1..N-1 are fresh processes (torch.multiprocessing's `spawn`) joined in one gloo process group.
+
+The group lives for one update: the helpers load the team's model themselves (they receive the run folder,
+iteration, phase and agent, never tensors), train the same replica on their share of each minibatch, and
+exit; rank 0 keeps the result and writes the checkpoint as a one-rank update does. A rank that raises or
+dies fails the update with an error naming it, every helper is stopped, and nothing is written, so the
+task's retry or `--resume` redoes the update.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.errors import TeamrlError
+
+INIT_TIMEOUT_S = 600  # helpers import torch and load the model before they join the group
+
+
+class RankFailed(TeamrlError):
+    """A training rank raised or died; the update is not recorded."""
+
+    resumable = True
+
+
+def _helper(rank: int, world: int, port: int, threads: int, error_dir: str, target: Callable, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
+        )
+        target(*args, rank=rank, world=world)
+    except BaseException as e:
+        Path(error_dir, f"rank-{rank}").write_text("".join(traceback.format_exception_only(type(e), e)).strip())
+        os._exit(1)  # skip interpreter teardown: the group's threads may still hold its peers' sockets
+    dist.destroy_process_group()
+
+
+def _failure(helpers: list, error_dir: Path) -> str | None:
+    """Which helper failed and why, once every helper has ended (or been stopped)."""
+    for rank, p in enumerate(helpers, start=1):
+        if p.exitcode not in (0, None):
+            f = error_dir / f"rank-{rank}"
+            why = f.read_text() if f.exists() else f"exit code {p.exitcode}"
+            return f"training rank {rank} of {len(helpers) + 1} failed: {why}"
+    return None
+
+
+def _stop(helpers: list) -> None:
+    for p in helpers:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+@contextmanager
+def spawn_ranks(world: int, threads: int, target: Callable, args: tuple) -> Iterator[None]:
+    """Ranks 1..world-1 run `target(*args, rank=r, world=world)` in processes of their own while the body runs
+    as rank 0 of the same gloo group, each rank with `threads` torch threads."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from infra.engines.zero import free_port
+
+    port, ctx = free_port(), mp.get_context("spawn")
+    saved_threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="teamrl-ranks-") as tmp:
+        errors = Path(tmp)
+        helpers = [
+            ctx.Process(target=_helper, args=(r, world, port, threads, tmp, target, args), daemon=True)
+            for r in range(1, world)
+        ]
+        for p in helpers:
+            p.start()
+        torch.set_num_threads(threads)
+        try:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=0,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
+            )
+            try:
+                yield
+            except BaseException as e:
+                # a helper that died broke the collective this rank was in: it has exited (or is exiting),
+                # while a healthy one waits in the group; so a helper's failure seen now came first
+                for p in helpers:
+                    p.join(timeout=2)
+                if isinstance(e, Exception) and (why := _failure(helpers, errors)) is not None:
+                    raise RankFailed(why) from e
+                raise  # this rank's own error, or Ctrl-C (which the helpers got too)
+            finally:
+                dist.destroy_process_group()
+            for p in helpers:
+                p.join()
+            if (why := _failure(helpers, errors)) is not None:
+                raise RankFailed(why)
+        finally:
+            _stop(helpers)
+            torch.set_num_threads(saved_threads)

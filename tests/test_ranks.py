@@ -1,0 +1,124 @@
+"""Data-parallel training ranks (`engines.train_ranks`, infra/ranks.py): 2 ranks on gloo make the update 1
+rank makes (up to float rounding), for LoRA adapters and full weights, the other agents untouched; a run
+trained on 2 ranks ends where the 1-rank run ends; a rank killed in the middle of an update fails it with
+an error naming the rank, nothing of it is written, and `--resume` finishes the run as if nothing happened."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config, train_items
+
+from infra.ranks import RankFailed, spawn_ranks
+from infra.trainer import TrainSpec, train_agent
+from tasks.losses import LOSSES
+
+SPEC = TrainSpec(lr=1e-2, weight_decay=0.0, epochs=2, minibatch_size=4, max_grad_norm=1.0, seed=3, micro_batch_size=1)
+LOSS = partial(LOSSES["ppo_clip"], clip_eps=0.2)
+
+
+def _policy(weights: str):
+    from infra.models import ModelConfig
+    from infra.policy import TeamPolicy
+
+    return TeamPolicy(ModelConfig(name="tiny", weights=weights, lora_rank=4, lora_alpha=8), ["a", "b"], seed=0)
+
+
+def _params(policy, agent: str) -> list[torch.Tensor]:
+    with policy.materialized(agent):
+        return [p.detach().clone() for p in policy.parameters(agent)]
+
+
+def _rank(weights: str, rank: int, world: int) -> None:
+    """A helper rank of the trainer-level test: the same replica and batch, its share of each minibatch."""
+    train_agent(_policy(weights), "a", train_items(7), LOSS, replace(SPEC, rank=rank, world=world))
+
+
+def _fail(rank: int, world: int) -> None:
+    raise ValueError("the helper's own error")
+
+
+@pytest.mark.parametrize("weights", ["lora", "full"])
+def test_two_ranks_make_the_one_rank_update(weights):
+    one = _policy(weights)
+    res1, _ = train_agent(one, "a", train_items(7), LOSS, SPEC)
+    two = _policy(weights)
+    b_before = _params(two, "b")
+    with spawn_ranks(2, 1, _rank, (weights,)):
+        res2, _ = train_agent(two, "a", train_items(7), LOSS, replace(SPEC, world=2))
+    assert not res1.skipped and not res2.skipped and res1.tokens == res2.tokens
+    assert res2.loss == pytest.approx(res1.loss, rel=1e-4, abs=1e-6)
+    assert res2.stats["grad_norm"] == pytest.approx(res1.stats["grad_norm"], rel=1e-4)
+    start, w1, w2 = _params(_policy(weights), "a"), _params(one, "a"), _params(two, "a")
+    step = torch.cat([(p - s).flatten() for p, s in zip(w1, start)]).norm()
+    gap = torch.cat([(q - p).flatten() for p, q in zip(w1, w2)]).norm()
+    # Adam divides by sqrt(v): where a gradient is ~0, rounding differs in the step, so the whole update is
+    # compared with its own size
+    assert step > 0 and gap / step < 1e-3, (gap, step)
+    for p, q in zip(b_before, _params(two, "b")):
+        assert torch.equal(p, q)
+
+
+def test_a_helper_rank_that_raises_fails_the_update_naming_it():
+    policy = _policy("lora")
+    before = _params(policy, "a")
+    with pytest.raises(RankFailed, match="training rank 1 of 2 failed: ValueError: the helper's own error"):
+        with spawn_ranks(2, 1, _fail, ()):
+            train_agent(policy, "a", train_items(7), LOSS, replace(SPEC, world=2))
+    for p, q in zip(before, _params(policy, "a")):  # rank 0's replica is back where it started
+        assert torch.equal(p, q)
+
+
+RUN = ("evaluate=false", "seed=2", "algorithm.minibatch_size=2")  # several steps per update: a rank can die mid-way
+
+
+def _run(root, run_id, *overrides):
+    from flows.train import train
+
+    return train(config=tiny_config(root, f"run.id={run_id}", *RUN, *overrides))
+
+
+def _same_run(a, b):
+    from infra import store
+    from infra.policy import checkpoint_dir, latest_version
+
+    acts = [store.read_table(r, "actions").sort_values(["iteration", "phase", "episode_id", "turn"]) for r in (a, b)]
+    assert [list(r) for r in acts[0]["response_ids"]] == [list(r) for r in acts[1]["response_ids"]]
+    ua, ub = (store.read_table(r, "updates").sort_values(["iteration", "agent"]) for r in (a, b))
+    assert ua["version_after"].tolist() == ub["version_after"].tolist()
+    np.testing.assert_allclose(ub["loss"].astype(float), ua["loss"].astype(float), rtol=1e-3, atol=1e-6)
+    from safetensors.torch import load_file
+
+    for agent in ("solver", "executor", "verifier"):
+        v = latest_version(a, agent)
+        assert v == latest_version(b, agent)
+        wa = load_file(checkpoint_dir(a, agent, v) / "adapter_model.safetensors")
+        wb = load_file(checkpoint_dir(b, agent, v) / "adapter_model.safetensors")
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_run_on_two_ranks_ends_where_one_rank_ends_and_survives_a_killed_rank(prefect_harness, tmp_path, monkeypatch):
+    from flows.train import train
+    from infra import store
+
+    one = _run(tmp_path, "one")
+    two = _run(tmp_path, "two", "engines.train_ranks=2")
+    _same_run(one, two)
+    # rank 1 SIGKILLed after its second optimizer step of the first update
+    monkeypatch.setenv("TEAMRL_FAULT", "rank1:2:kill")
+    with pytest.raises(Exception) as failed:
+        _run(tmp_path, "killed", "engines.train_ranks=2")
+    chain = [failed.value, *(e for e in (failed.value.__cause__, failed.value.__context__) if e)]
+    assert any("training rank 1 of 2 failed: exit code -9" in str(e) for e in chain), chain
+    killed = tmp_path / "killed"
+    assert not (killed / "updates").exists() or not len(store.read_table(killed, "updates", 1))
+    assert not (killed / "checkpoints" / "solver" / "v0001").exists()
+    monkeypatch.delenv("TEAMRL_FAULT")
+    train(config=tiny_config(tmp_path, *RUN, "engines.train_ranks=2"), resume="killed")
+    _same_run(one, killed)
