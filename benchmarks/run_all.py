@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import Section, machine
 
-BENCHES = ["trl", "orchestration", "generation", "binpack", "store", "memory"]
+BENCHES = ["trl", "orchestration", "generation", "binpack", "store", "memory", "ranks"]
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 
 

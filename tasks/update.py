@@ -68,7 +68,7 @@ def train_items(df) -> list[TrainItem]:
     return items
 
 
-def _items(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainItem]:
+def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainItem]:
     df = store.load_actions(run_dir, iteration, phase)
     return train_items(df[df["agent"].isin(context.of(run_dir).roles_of(unit))])
 
@@ -186,7 +186,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
     ctx = context.of(run_dir)
     cfg, policy = ctx.config.algorithm, ctx.policy
     policy.load(run_dir, agent, version_before)
-    items = _items(run_dir, iteration, phase, agent)
+    items = batch_of(run_dir, iteration, phase, agent)
     row = {
         "run_id": ctx.run_id,
         "iteration": iteration,
@@ -225,8 +225,8 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                 policy,
                 agent,
                 items,
-                _loss(ctx),
-                _spec(ctx, iteration, phase, agent, version_before, on_step=advance, world=world),
+                loss_of(ctx),
+                spec_of(ctx, iteration, phase, agent, version_before, on_step=advance, world=world),
             )
         row |= {
             "kl": None,
@@ -277,12 +277,12 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
     return [row]
 
 
-def _loss(ctx: context.RunContext):
+def loss_of(ctx: context.RunContext):
     cfg = ctx.config.algorithm
     return partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps)
 
 
-def _spec(ctx: context.RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
+def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
     """How the update of `agent` from `version_before` trains; every training rank builds the same one."""
     cfg = ctx.config.algorithm
     return TrainSpec(
@@ -317,9 +317,9 @@ def train_rank(
     minibatch (infra/trainer.py `accumulate`); rank 0 keeps the result."""
     ctx = context.of(run_dir)
     ctx.policy.load(run_dir, agent, version_before)
-    items = _items(run_dir, iteration, phase, agent)
+    items = batch_of(run_dir, iteration, phase, agent)
     # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
-    spec = _spec(
+    spec = spec_of(
         ctx, iteration, phase, agent, version_before, rank=rank, world=world, on_step=lambda: crash_point(f"rank{rank}")
     )
-    ctx.trainer().train(ctx.policy, agent, items, _loss(ctx), spec)
+    ctx.trainer().train(ctx.policy, agent, items, loss_of(ctx), spec)

@@ -189,3 +189,13 @@ def test_coach_load_counts_one_call_per_action_with_its_chat(trained_run):
         assert seen["calls"] == blind["calls"] == n
         assert 0 < seen["prompt_tokens_mean"] < blind["prompt_tokens_mean"] <= blind["prompt_tokens_max"]
         assert seen["prompt_tokens"] == pytest.approx(seen["prompt_tokens_mean"] * n)
+
+
+@pytest.mark.slow
+def test_ranks_benchmark_times_both_ways_and_the_start():
+    from benchmarks import bench_ranks
+
+    s = bench_ranks.run(quick=True)
+    assert [r["ranks x threads"] for r in s.rows] == ["1 x 2", "2 x 1", "2 x 1, start only"]
+    assert all(r["s / update"] > 0 for r in s.rows) and s.rows[0]["trained tokens"] == s.rows[1]["trained tokens"] > 0
+    assert "2 ranks / 1 rank, time of one update" in s.notes[0]
