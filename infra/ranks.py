@@ -1,5 +1,6 @@
-"""Training ranks on one machine (`engines.train_ranks`, launcher `spawn`): the calling process is rank 0,
-and ranks 1..N-1 are fresh processes (torch.multiprocessing's `spawn`) joined in one gloo process group.
+"""Training ranks (`engines.train_ranks`): the calling process is rank 0, and ranks 1..N-1 are fresh
+processes joined with it in one gloo process group: on this machine (`spawn_ranks`, torch.multiprocessing's
+`spawn`) or as Ray actors on a cluster (`ray_ranks`, placed by a placement group).
 
 The group lives for one update: the helpers load the team's model themselves (they receive the run folder,
 iteration, phase and agent, never tensors), train the same replica on their share of each minibatch, and
@@ -16,6 +17,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from infra.errors import TeamrlError
 
@@ -115,3 +117,98 @@ def spawn_ranks(world: int, threads: int, target: Callable, args: tuple) -> Iter
         finally:
             _stop(helpers)
             torch.set_num_threads(saved_threads)
+
+
+class RankActor:
+    """Ranks 1..N-1 on a Ray cluster: one actor per rank, for one update."""
+
+    def run(self, rank: int, world: int, host: str, port: int, threads: int, target: Callable, args: tuple):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
+        )
+        try:
+            target(*args, rank=rank, world=world)
+        finally:
+            dist.destroy_process_group()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def _ray_failure(futures: list, wait_s: float) -> str | None:
+    """The first rank whose call ended in an error within `wait_s` seconds, and why."""
+    import ray
+
+    done, _ = ray.wait(futures, num_returns=len(futures), timeout=wait_s)
+    for rank, f in enumerate(futures, start=1):
+        if f in done:
+            try:
+                ray.get(f)
+            except Exception as e:  # the rank's own error, or its actor's death
+                cause = getattr(e, "cause", None) or e
+                return f"training rank {rank} of {len(futures) + 1} failed: {type(cause).__name__}: {cause}"
+    return None
+
+
+@contextmanager
+def ray_ranks(world: int, threads: int, target: Callable, args: tuple, cfg) -> Iterator[list[str]]:
+    """As `spawn_ranks`, with ranks 1..world-1 as Ray actors on the cluster of `cfg` (infra/engines/config.py
+    RayConfig), placed by `cfg.placement`; yields the Ray node id of each of those ranks."""
+    import ray
+    import torch
+    import torch.distributed as dist
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from infra.engines.zero import free_port
+
+    if not ray.is_initialized():
+        ray.init(address=None if cfg.address == "local" else cfg.address, namespace="teamrl", log_to_driver=False)
+    group = placement_group([{"CPU": cfg.cpus_per_rank}] * (world - 1), strategy=cfg.placement.upper())
+    ray.get(group.ready(), timeout=300)
+    actor = ray.remote(RankActor)
+    actors: list[Any] = [
+        actor.options(
+            num_cpus=cfg.cpus_per_rank, scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)
+        ).remote()
+        for i in range(world - 1)
+    ]
+    host, port = ray.util.get_node_ip_address(), free_port()
+    saved_threads = torch.get_num_threads()
+    try:
+        nodes = ray.get([a.node.remote() for a in actors])
+        futures = [a.run.remote(r, world, host, port, threads, target, args) for r, a in enumerate(actors, start=1)]
+        torch.set_num_threads(threads)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=0,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
+        )
+        try:
+            yield nodes
+        except BaseException as e:
+            # as in spawn_ranks: a rank whose call already ended in an error broke this rank's collective
+            if isinstance(e, Exception) and (why := _ray_failure(futures, 2.0)) is not None:
+                raise RankFailed(why) from e
+            raise
+        finally:
+            dist.destroy_process_group()
+        if (why := _ray_failure(futures, INIT_TIMEOUT_S)) is not None:
+            raise RankFailed(why)
+    finally:
+        for a in actors:
+            ray.kill(a)
+        remove_placement_group(group)
+        torch.set_num_threads(saved_threads)

@@ -25,7 +25,7 @@ from infra import store
 from infra.faults import crash_point
 from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
-from infra.ranks import spawn_ranks
+from infra.ranks import ray_ranks, spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
 from tasks.certificate import Bound, Segment, bound, episode_terms
@@ -307,6 +307,8 @@ def _ranks(ctx: context.RunContext, update_args: tuple):
     if e.train_ranks == 1:
         return nullcontext()
     threads = max(1, (e.threads or torch.get_num_threads()) // e.train_ranks)
+    if e.train_launcher == "ray":
+        return ray_ranks(e.train_ranks, threads, train_rank, update_args, e.ray)
     return spawn_ranks(e.train_ranks, threads, train_rank, update_args)
 
 

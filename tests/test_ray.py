@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import tiny_config
 
+from infra.engines.config import RayConfig
 from infra.engines.zero import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,3 +115,38 @@ def test_shards_keep_groups_whole():
     assert [list(r) for r in parts] == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]
     assert [list(r) for r in shards(groups, 9)] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # at most one per group
     assert sum(len(r) for r in shards(groups, 3)) == len(groups)
+
+
+def test_training_ranks_on_both_nodes_make_the_one_rank_update(prefect_harness, cluster, tmp_path):
+    """`engines.train_launcher: ray`: ranks 1 and 2 as actors, one per node (strict_spread), rank 0 this
+    process; the run ends with the 1-rank run's updates and weights."""
+    from safetensors.torch import load_file
+
+    from flows.train import train
+    from infra import store
+    from infra.policy import checkpoint_dir, latest_version
+    from infra.ranks import RankFailed, ray_ranks
+
+    common = ("iterations=1", "evaluate=false", "seed=2", "algorithm.minibatch_size=2")
+    one = train(config=tiny_config(tmp_path, "run.id=one", *common))
+    ranks = (
+        "engines.train_ranks=3",
+        "engines.train_launcher=ray",
+        f"engines.ray.address={cluster}",
+        "engines.ray.placement=strict_spread",
+    )
+    three = train(config=tiny_config(tmp_path, "run.id=three", *common, *ranks))
+    ua, ub = (store.read_table(r, "updates").sort_values("agent") for r in (one, three))
+    assert ua["version_after"].tolist() == ub["version_after"].tolist()
+    np.testing.assert_allclose(ub["loss"].astype(float), ua["loss"].astype(float), rtol=1e-3, atol=1e-6)
+    for agent in ("solver", "executor", "verifier"):
+        v = latest_version(one, agent)
+        wa, wb = (load_file(checkpoint_dir(r, agent, v) / "adapter_model.safetensors") for r in (one, three))
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], rtol=1e-3, atol=1e-5)
+    with ray_ranks(3, 1, dict, (), RayConfig(address=cluster, placement="strict_spread")) as nodes:
+        assert len(set(nodes)) == 2  # one rank per node (`dict`: a target every node can import)
+    # a rank that raises (int("x", rank=..., world=...)) breaks rank 0's collective: the error names it
+    with pytest.raises(RankFailed, match="training rank 1 of 3 failed: TypeError"):
+        with ray_ranks(3, 1, int, ("x",), RayConfig(address=cluster)):
+            torch.distributed.barrier()

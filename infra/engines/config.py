@@ -11,7 +11,8 @@ from infra.engines.zero import DeepSpeedConfig
 
 
 class RayConfig(BaseModel):
-    """Where the rollout workers run when `engines.runner` is `ray`."""
+    """Where the rollout workers run when `engines.runner` is `ray`, and the training ranks when
+    `engines.train_launcher` is `ray`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,9 +27,10 @@ class RayConfig(BaseModel):
     placement: str = Field(
         "spread",
         pattern="^(spread|strict_spread|pack)$",
-        description="placement group strategy: spread (over nodes when possible), "
-        "strict_spread (one worker per node, fails if too few nodes) or pack",
+        description="placement group strategy of the rollout workers and of the training ranks: spread "
+        "(over nodes when possible), strict_spread (one per node, fails if too few nodes) or pack",
     )
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs Ray reserves per training rank (ranks 1..N-1)")
 
 
 class EnginesConfig(BaseModel):
@@ -75,12 +77,13 @@ class EnginesConfig(BaseModel):
         le=64,
         description="processes that train each update together, data-parallel: each takes its share of "
         "every minibatch and the gradients are summed before the step, so N ranks make the same update "
-        "as 1 (up to float rounding); the `torch` trainer on CPU (gloo), on this machine (`train_launcher`)",
+        "as 1 (up to float rounding); the `torch` trainer on CPU (gloo)",
     )
-    train_launcher: Literal["spawn"] = Field(
+    train_launcher: Literal["spawn", "ray"] = Field(
         "spawn",
-        description="how the ranks start: `spawn` (torch.multiprocessing on this machine; the update's "
-        "process is rank 0, the others load the model for the update and exit)",
+        description="how ranks 1..N-1 start (the update's process is rank 0; the others load the model for "
+        "the update and exit): `spawn` (torch.multiprocessing on this machine) or `ray` (Ray actors on the "
+        "cluster of `engines.ray`, placed by `engines.ray.placement`; the run folder on storage every node sees)",
     )
     rescore_logprobs: bool = Field(
         False,
