@@ -1,4 +1,5 @@
-"""`teamrl runs list / show / export`: what is in the runs folder, one run's table, disk use and episodes."""
+"""`teamrl runs list / show / export / trace`: what is in the runs folder, one run's table, disk use and
+episodes, and its episodes as MLflow traces."""
 
 from __future__ import annotations
 
@@ -65,10 +66,50 @@ def runs_show(
         except USER_ERRORS as e:
             user_error(e)
         console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        _trace_hint(run_dir, runs_dir, episode, text)
         return
     show_table(run_table(run_dir), run_dir.name)
     console.print(disk_summary(run_dir), markup=False, highlight=False, soft_wrap=True)
     _episode_hint(run_id, runs_dir, run_dir)
+
+
+def _trace_hint(run_dir: Path, runs_dir: str, episode: str, text: str) -> None:
+    """The episode's MLflow trace, or how to make one: its transcript's first line names its partition."""
+    import re
+
+    from flows.inspection import trace_link
+
+    where = re.search(r"iteration (\d+), phase (\S+?)[,)\s]", text)
+    if where is None or not (run_dir / "mlflow_run_id").exists():
+        return
+    k, phase = int(where[1]), where[2]
+    link = trace_link(run_dir, runs_dir, episode, k, phase)
+    hint = f"trace: {link}" if link else f"no MLflow trace yet: teamrl runs trace {run_dir.name} --iteration {k} --all"
+    console.print(hint, markup=False, highlight=False, soft_wrap=True)
+
+
+@runs_app.command("trace")
+def runs_trace(
+    run_id: str = typer.Argument(...),
+    runs_dir: str = typer.Option("runs", "--dir", help="folder holding the runs"),
+    iteration: int | None = typer.Option(None, help="only this iteration's partitions"),
+    every: bool = typer.Option(False, "--all", help="every episode (default: what the run's run.traces chooses)"),
+):
+    """Write a run's episodes as MLflow traces from its tables (runs made before traces, or with
+    run.traces=none); an episode traced before is not traced again."""
+    from flows.inspection import trace_run
+    from infra import runs
+
+    try:
+        run_dir = runs.find_run(runs_dir, run_id)
+        written = trace_run(run_dir, runs_dir, iteration, every)
+    except USER_ERRORS as e:
+        user_error(e)
+    for (k, phase), n in written.items():
+        console.print(f"iteration {k}, {phase}: {n} new trace(s)", markup=False)
+    console.print(
+        f"{sum(written.values())} trace(s) written; in Python: flows.inspection.traces(run_dir)", markup=False
+    )
 
 
 def _episode_hint(run_id: str, runs_dir: str, run_dir: Path) -> None:

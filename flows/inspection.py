@@ -288,3 +288,67 @@ def disk_summary(run_dir: str | Path) -> str:
     if art := mlflow_artifacts(run_dir):
         line += f"; MLflow artifacts {size_text(disk_use(art)['total'])} in {art}"
     return line
+
+
+def _mlflow_of(run_dir: str | Path, runs_dir: str | Path) -> tuple[str, str, str]:
+    """(tracking URI, experiment id, MLflow run id) of a run that logged to MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from infra.errors import UsageError
+    from infra.runs import read_run_config
+    from infra.tracking import default_tracking_uri
+
+    id_file = Path(run_dir) / "mlflow_run_id"
+    if not id_file.exists():
+        raise UsageError(f"run {Path(run_dir).name} logged nothing to MLflow (run.mlflow was false)")
+    uri = read_run_config(run_dir)["run"].get("tracking_uri") or default_tracking_uri(runs_dir)
+    run_id = id_file.read_text().strip()
+    return uri, MlflowClient(uri).get_run(run_id).info.experiment_id, run_id
+
+
+def traces(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.DataFrame:
+    """The run's episodes traced in MLflow (`mlflow.search_traces`'s DataFrame: one row per trace, with its
+    spans, tags and the coach's feedback as assessments); `runs_dir` holds the default MLflow database."""
+    import mlflow
+
+    uri, experiment, run_id = _mlflow_of(run_dir, runs_dir or Path(run_dir).parent)
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_traces(locations=[experiment], run_id=run_id)
+
+
+def trace_run(
+    run_dir: str | Path, runs_dir: str | Path, iteration: int | None = None, every: bool = False
+) -> dict[tuple[int, str], int]:
+    """Trace a stored run's partitions after the fact (those of `iteration` only, if given): what the run's
+    `run.traces` chooses, or every episode with `every`; per (iteration, phase), the traces written (an
+    episode traced before is not traced again)."""
+    from infra.runs import read_run_config
+    from infra.traces import chosen, log_partition
+    from tasks.context import stage_seed
+
+    uri, experiment, run_id = _mlflow_of(run_dir, runs_dir)
+    cfg = read_run_config(run_dir)
+    mode = "all" if every else cfg["run"].get("traces", "sample")
+    out = {}
+    for it_dir in sorted((Path(run_dir) / "episodes").glob("iteration=*")):
+        k = int(it_dir.name.split("=", 1)[1])
+        if iteration is not None and k != iteration:
+            continue
+        for phase in sorted(p.name.split("=", 1)[1] for p in it_dir.glob("phase=*")):
+            seed = stage_seed(cfg["seed"], "traces", k)
+            episodes = chosen(run_dir, k, phase, mode, cfg["run"].get("trace_sample", 8), seed)
+            if episodes != []:
+                out[(k, phase)] = len(log_partition(uri, experiment, run_id, run_dir, k, phase, episodes))
+    return out
+
+
+def trace_link(run_dir: str | Path, runs_dir: str | Path, episode: str, iteration: int, phase: str) -> str | None:
+    """The MLflow UI's page of an episode's trace, if it has one."""
+    import os
+
+    from infra.traces import trace_ids
+
+    uri, experiment, _ = _mlflow_of(run_dir, runs_dir)
+    found = trace_ids(uri, experiment, run_dir, iteration, phase).get(episode)
+    ui = os.environ.get("TEAMRL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
+    return f"{ui}/#/experiments/{experiment}/traces?selectedTraceId={found}" if found else None

@@ -18,7 +18,7 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from flows.evaluate import evaluate_partition
-from flows.metrics import agent_table, partition_metrics, update_metrics
+from flows.metrics import agent_table, is_eval, partition_metrics, update_metrics
 from flows.report import plot_run, summary_markdown
 from infra import engines, flow_runs, runs, store
 from infra.interrupt import by_ctrl_c
@@ -154,7 +154,9 @@ def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tr
     if types := context.of(rd).pipeline.task_types:  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
-    publish_iteration(run_dir, k, m, list(dict.fromkeys([*context.of(rd).weights, *agents])))  # roles' and units' rows
+    traced = trace_partitions(run_dir, k, cfg, tracker, training=True)
+    roles_and_units = list(dict.fromkeys([*context.of(rd).weights, *agents]))
+    publish_iteration(run_dir, k, m, roles_and_units, tracker.traces_link() if traced else None)
     prune_after_iteration(run_dir, k, agents, cfg.checkpoint.keep_every, tracker)
     return m
 
@@ -210,15 +212,26 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")[:100]
 
 
-def publish_iteration(run_dir: Path, k: int, m: dict[str, float], agents: list[str]) -> None:
-    """Iteration k's per-agent metrics as a Prefect table artifact (one version per iteration)."""
+def trace_partitions(run_dir: Path, k: int, cfg: RunConfig, tracker: Tracker, training: bool) -> int:
+    """Iteration k's training partitions (`training`) or its held-out ones as MLflow traces, as `run.traces`
+    chooses (infra/traces.py), after their stages ended; how many episodes got a trace."""
+    phases = sorted(p.name.split("=", 1)[1] for p in (run_dir / "episodes" / f"iteration={k}").glob("phase=*"))
+    chosen = [p for p in phases if is_eval(p) != training]
+    seed = context.stage_seed(cfg.seed, "traces", k)
+    return sum(tracker.log_traces(run_dir, k, p, cfg.run.traces, cfg.run.trace_sample, seed) for p in chosen)
+
+
+def publish_iteration(run_dir: Path, k: int, m: dict[str, float], agents: list[str], traces: str | None) -> None:
+    """Iteration k's per-agent metrics as a Prefect table artifact (one version per iteration), with the link
+    to the episodes traced in MLflow."""
     from prefect.artifacts import create_table_artifact
 
+    where = f"; its episodes as MLflow traces: {traces} (tags.teamrl.iteration = '{k}')" if traces else ""
     create_table_artifact(
         agent_table(m, agents),
         key=artifact_key(run_dir.name, "agents"),
         description=f"iteration {k}: success {m.get('success_rate', float('nan')):.3f}; "
-        "per-agent coach score, reward, loss, KL, certificate",
+        f"per-agent coach score, reward, loss, KL, certificate{where}",
     )
 
 
@@ -332,6 +345,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             if cfg.evaluate:
                 final = evaluate_partition(rd, 0)
                 tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
+                trace_partitions(run_dir, 0, cfg, tracker, training=False)
             for k in range(1, cfg.iterations + 1):
                 m = train_iteration(run_dir, k, agents, cfg, tracker)
                 logger.info(
@@ -343,6 +357,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
                 if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
                     final = evaluate_partition(rd, k)
                     tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)
+                    trace_partitions(run_dir, k, cfg, tracker, training=False)
             # the weights, not the optimizer state: a registered model never resumes training from MLflow
             tracker.log_artifacts(run_dir / "checkpoints", "checkpoints", exclude=frozenset({OPTIMIZER}))
             publish_registry(cfg, run_dir, tracker, agents, final)

@@ -166,6 +166,27 @@ class Tracker:
         if self.enabled:
             self.client.log_artifact(self.run_id, str(local_file), artifact_path)
 
+    def log_traces(self, run_dir: str | Path, iteration: int, phase: str, mode: str, sample: int, seed: int) -> int:
+        """The partition's episodes that `mode` chooses as MLflow traces (infra/traces.py), those not traced
+        before; how many were written. A failure is logged, not raised: traces never stop training."""
+        if not self.enabled:
+            return 0
+        from infra.traces import chosen, log_partition
+
+        try:
+            episodes = chosen(run_dir, iteration, phase, mode, sample, seed)
+            if episodes == []:
+                return 0
+            return len(log_partition(self.uri, self.experiment_id, self.run_id, run_dir, iteration, phase, episodes))
+        except Exception as e:  # an MLflow store that rejects traces must not cost the run
+            log.warning("could not write the traces of iteration %d, %s: %s", iteration, phase, e)
+            return 0
+
+    def traces_link(self) -> str:
+        """The experiment's traces in the MLflow UI; `tags.teamrl.iteration` and `tags.teamrl.phase` filter them."""
+        ui = os.environ.get("TEAMRL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
+        return f"{ui}/#/experiments/{self.experiment_id}/traces"
+
     def ui_link(self) -> str:
         """This run's page in the MLflow UI (`make server` serves it; TEAMRL_MLFLOW_UI moves it)."""
         ui = os.environ.get("TEAMRL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")

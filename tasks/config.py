@@ -6,7 +6,7 @@ that span sections. It lives in tasks/ so that a stage reads its run's config ty
 from __future__ import annotations
 
 import importlib
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -30,7 +30,7 @@ class RolloutConfig(BaseModel):
     temperature: float = Field(
         1.0,
         gt=0,
-        le=5,
+        le=2,  # vLLM's SamplingParams refuses more (vLLM >= 0.24)
         description="sampling temperature of training rollouts; "
         "log-probs (policy, reference, training) are of softmax(logits / T)",
     )
@@ -62,6 +62,13 @@ class RunSettings(BaseModel):
     experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: `sqlite:///<dir>/mlflow.db`)")
     mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
+    traces: Literal["none", "sample", "all"] = Field(
+        "sample",
+        description="episodes written as MLflow traces, each turn a span with the coach's verdict as feedback "
+        "(infra/traces.py): `sample` every held-out episode and `trace_sample` training episodes per "
+        "iteration, `all` every episode, `none` no trace",
+    )
+    trace_sample: int = Field(8, ge=0, description="training episodes traced per iteration with traces=sample")
     registry: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$",
