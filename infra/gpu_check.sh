@@ -10,26 +10,41 @@
 #   PRESET=mathchat-smol bash infra/gpu_check.sh \
 #       engines.generation=vllm engines.trainer=deepspeed engines.device=cuda model.dtype=bfloat16
 #                                                             # SmolLM2-135M, no download; extra key=value overrides
-# Environment: PYTHON (default .venv/bin/python, else python3), PRESET, MODEL, LIMIT_S (default 450).
+# Environment: GPU_PYTHON (the interpreter; default: the first of .venv-gpu/bin/python,
+# .venv/bin/python and python3 that imports vllm and deepspeed), PRESET, MODEL, LIMIT_S (default 450).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 PRESET=${PRESET:-mathchat-gpu}
 LIMIT_S=${LIMIT_S:-450}
 export TEAMRL_PROGRESS=0
 
-if ! "$PY" -c "import vllm, deepspeed" 2>/dev/null; then
-    echo "gpu_check: $PY cannot import vllm and deepspeed." >&2
-    echo "  On a machine with an NVIDIA GPU, in a fresh virtual environment: pip install -e '.[gpu,ray]'" >&2
-    echo "  (see README, 'GPUs: vLLM, DeepSpeed ZeRO-3'); this script installs nothing." >&2
+# The gpu extra lives in an environment of its own (vLLM brings its own CUDA build of torch), so the
+# CPU .venv of `make install` cannot run this: take the interpreter GPU_PYTHON names, else the
+# first candidate that has the extra (.venv is one: the GPU guide installs the extra there on a GPU machine).
+has_gpu_extra() { "$1" -c "import vllm, deepspeed" >/dev/null 2>&1; }
+CANDIDATES=(.venv-gpu/bin/python .venv/bin/python python3)
+PY=${GPU_PYTHON:-}
+if [ -z "$PY" ]; then
+    for candidate in "${CANDIDATES[@]}"; do
+        if command -v "$candidate" >/dev/null && has_gpu_extra "$candidate"; then
+            PY=$candidate
+            break
+        fi
+    done
+fi
+if [ -z "$PY" ] || ! has_gpu_extra "$PY"; then
+    echo "gpu_check: no Python with vllm and deepspeed (tried ${PY:-${CANDIDATES[*]}})." >&2
+    echo "  On a machine with an NVIDIA GPU, in a fresh virtual environment: pip install -e '.[gpu,ray]'," >&2
+    echo "  then set GPU_PYTHON=<that environment>/bin/python (see docs/guides/gpus-and-ray.md);" >&2
+    echo "  this script installs nothing." >&2
     exit 2
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: torch sees no CUDA GPU (torch.cuda.is_available() is False)." >&2
     exit 2
 fi
-"$PY" -c "import torch, vllm, deepspeed; print(f'gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, vllm {vllm.__version__}, deepspeed {deepspeed.__version__}')"
+"$PY" -c "import sys, torch, vllm, deepspeed; print(f'gpu_check: {sys.executable}: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, vllm {vllm.__version__}, deepspeed {deepspeed.__version__}')"
 
 WORK=$(mktemp -d -t teamrl-gpu-check-XXXX)
 RUN_ID=gpu-check-$(date +%Y%m%d-%H%M%S)

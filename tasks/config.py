@@ -29,7 +29,7 @@ class RolloutConfig(BaseModel):
     group_size: int = Field(4, ge=1, description="episodes per question (the group of GRPO / RLOO)")
     temperature: float = Field(
         1.0,
-        gt=0,
+        ge=0.01,  # vLLM samples anything lower at 0.01, so its log-probs would not be of this temperature
         le=2,  # vLLM's SamplingParams refuses more (vLLM >= 0.24)
         description="sampling temperature of training rollouts; "
         "log-probs (policy, reference, training) are of softmax(logits / T)",

@@ -72,15 +72,52 @@ def test_single_process_env_fills_only_what_a_launcher_did_not_set():
 
 
 # -- DeepSpeed: the trainer's update is the torch trainer's (fake deepspeed engine) -----------------------
+def _clip_as_deepspeed(params, max_norm: float):
+    """DeepSpeed's clipping (deepspeed/runtime/utils.py `clip_grad_norm_`, the ZeRO optimizers'
+    `unscale_and_clip_grads`): the gradients' global 2-norm; they are scaled by max_norm / (norm + 1e-6)
+    only where that is below 1, so a non-finite norm leaves them as they are."""
+    import torch
+
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1:
+        for g in grads:
+            g.mul_(coef)
+    return norm
+
+
+class FakeZeroOptimizer:
+    """A ZeRO stage 1-3 optimizer around the client's torch optimizer, in fp32 on one rank: its step measures
+    the gradients' norm into `_global_grad_norm` (0 until then), clips them and steps, whatever the norm
+    (the overflow check that skips a step is fp16's, and bf16's where enabled)."""
+
+    def __init__(self, optimizer, clip: float):
+        self.optimizer, self.clip, self._global_grad_norm = optimizer, clip, 0.0
+
+    def step(self):
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self._global_grad_norm = _clip_as_deepspeed(params, self.clip)
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
+
+
 class FakeEngine:
-    """DeepSpeed's engine as the trainer uses it, at ZeRO stage 0 in fp32 on one rank: forward = the module,
-    backward accumulates, step() at the accumulation boundary clips to gradient_clipping and steps."""
+    """DeepSpeed's engine as the trainer uses it, on one rank in fp32 (deepspeed/runtime/engine.py of
+    v0.16.0 and v0.19.6, `_configure_optimizer` and `_take_model_step`): forward = the module, backward
+    accumulates, step() at the accumulation boundary. At ZeRO stage 0 it keeps the client's torch optimizer
+    unwrapped: step() clips the module's gradients to gradient_clipping, discarding their norm, and steps
+    even on a non-finite gradient; get_global_grad_norm() stays None, since only an optimizer that keeps
+    `_global_grad_norm` (DeepSpeed's ZeRO, fp16 and bf16 ones) sets it. At stages 1-3 the ZeRO optimizer
+    measures, clips and steps, and the engine reports its norm."""
 
     def __init__(self, model, optimizer, config):
-        import torch
-
-        self.module, self.optimizer, self.config = model, optimizer, config
-        self.boundary, self.norm, self.destroyed, self.torch = True, None, False, torch
+        self.module, self.config, self.clip = model, config, config["gradient_clipping"]
+        zero = config["zero_optimization"]["stage"] > 0
+        self.optimizer = FakeZeroOptimizer(optimizer, self.clip) if zero else optimizer
+        self.boundary, self.steps, self.destroyed, self._global_grad_norm = True, 0, False, None
 
     def __call__(self, *a, **kw):
         return self.module(*a, **kw)
@@ -93,13 +130,21 @@ class FakeEngine:
 
     def step(self):
         assert self.boundary
-        params = list(self.module.parameters())
-        self.norm = self.torch.nn.utils.clip_grad_norm_(params, self.config["gradient_clipping"]).item()
+        self.steps += 1
+        zero = isinstance(self.optimizer, FakeZeroOptimizer)
+        if not zero and self.clip > 0:
+            _clip_as_deepspeed(list(self.module.parameters()), self.clip)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(self.optimizer, "_global_grad_norm"):
+            self._global_grad_norm = self.optimizer._global_grad_norm
+        if zero:
+            self.optimizer.zero_grad()
+        else:
+            for p in self.module.parameters():
+                p.grad = None
 
     def get_global_grad_norm(self):
-        return self.norm
+        return self._global_grad_norm
 
     def destroy(self):
         self.destroyed = True
@@ -134,7 +179,8 @@ def _items(n=6):
     return train_items(n, old_logprob=-7.0)
 
 
-def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspeed, tmp_path):
+@pytest.mark.parametrize("stage", [0, 2])  # the trainer measures and clips at stage 0, DeepSpeed's ZeRO above
+def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspeed, tmp_path, stage):
     import torch
 
     from infra.engines.config import EnginesConfig
@@ -162,11 +208,11 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
 
     reset()
     trainer = DeepSpeedTrainer(
-        EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=0))
+        EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=stage))
     )
     try:
         res_d, state_d = trainer.train(policy, "a", items, loss, TrainSpec(**hyper))
-        assert state_d["trainer"] == "deepspeed" and state_d["zero_stage"] == 0
+        assert state_d["trainer"] == "deepspeed" and state_d["zero_stage"] == stage
         torch.save(state_d, tmp_path / "ds.pt")
         res_d2, _ = trainer.train(policy, "a", items, loss, TrainSpec(optimizer_state=tmp_path / "ds.pt", **hyper))
     finally:
@@ -215,6 +261,40 @@ def test_deepspeed_trainer_refuses_non_finite_and_stops_on_kl(policy, fake_deeps
     finally:
         policy.gather = None
     assert all(e.destroyed for e in fake_deepspeed)
+
+
+def test_deepspeed_trainer_refuses_a_non_finite_gradient_at_stage_0(policy, fake_deepspeed):
+    """DeepSpeed reports no gradient norm at stage 0 and would step on a NaN gradient: the trainer measures
+    it before DeepSpeed's step and refuses the update, as the torch trainer does."""
+    import torch
+
+    from infra.engines.config import EnginesConfig
+    from infra.engines.deepspeed import DeepSpeedTrainer
+    from infra.trainer import TrainSpec
+
+    def nan_gradient(lp, old, adv, mask):  # a finite loss whose gradient is NaN
+        lp.register_hook(lambda g: torch.full_like(g, float("nan")))
+        return (lp * mask).sum() / mask.sum(), {}
+
+    trainer = DeepSpeedTrainer(
+        EnginesConfig(device="cuda", trainer="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=0))
+    )
+    before = [p.detach().clone() for p in policy.parameters("a")]
+    try:
+        res, state = trainer.train(
+            policy,
+            "a",
+            _items(2),  # one minibatch: a NaN step would be the update's last, kept with NaN weights
+            nan_gradient,
+            TrainSpec(lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=2, max_grad_norm=1.0, seed=0),
+        )
+    finally:
+        policy.gather = None
+    assert res.skipped and state is None and "non-finite gradient norm" in res.reason
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters("a")))
+    assert all(p.grad is None for p in policy.parameters("a"))
+    (engine,) = fake_deepspeed
+    assert engine.steps == 0 and engine.optimizer.state == {} and engine.destroyed  # AdamW never saw it
 
 
 def test_zero3_moments_round_trip_through_its_empty_param_groups(tmp_path):

@@ -22,6 +22,7 @@ torch.distributed variables. deepspeed is imported when an update runs, never on
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -183,6 +184,10 @@ class _DeepSpeedSteps:
             trainer.cfg, micro_batch_size=spec.micro_batch_size, max_grad_norm=spec.max_grad_norm, bf16=bf16
         )
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config)
+        # At ZeRO stage 0 in fp32 DeepSpeed steps our AdamW unwrapped: it clips the gradients but keeps no
+        # norm (get_global_grad_norm() stays None; only its ZeRO, fp16 and bf16 optimizers measure one) and
+        # steps on a non-finite gradient too. There `step` measures and clips them itself, as the torch trainer.
+        self.clip_here = spec.max_grad_norm if self.engine.optimizer is opt else None
         try:
             trainer._load_moments(self.engine.optimizer, spec.optimizer_state)
         except BaseException:
@@ -200,8 +205,16 @@ class _DeepSpeedSteps:
         self.engine.backward(loss)
 
     def step(self) -> float | None:
+        if self.clip_here is not None:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_here).item()
+            if not math.isfinite(gnorm):  # no step: the loop refuses the update and restores the weights
+                for p in self.params:
+                    p.grad = None
+                return gnorm
+            self.engine.step()  # its own clipping finds them within max_grad_norm already
+            return gnorm
         self.engine.step()  # clips to gradient_clipping, then AdamW, then clears the gradients
-        gnorm = self.engine.get_global_grad_norm()  # None where DeepSpeed did not compute it
+        gnorm = self.engine.get_global_grad_norm()  # its optimizer's (a tensor under ZeRO-3), None if it keeps none
         return None if gnorm is None else float(gnorm)
 
     def restore(self) -> None:

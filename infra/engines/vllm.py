@@ -1,7 +1,7 @@
 """The vLLM generation engine: one vLLM instance on the team's base model, one LoRA adapter per weights
 unit (per agent, or one for the roles a shared model plays).
 
-Translation both ways is pure and tested on CPU (tests/test_engines.py), vLLM itself is imported only
+Translation both ways is pure and tested on CPU (tests/test_vllm_engine.py), vLLM itself is imported only
 when `VLLMGeneration` is built:
 
 - request -> vLLM: one `SamplingParams` per prompt (`sampling_kwargs`): `logprobs=0` (only the sampled
@@ -280,13 +280,9 @@ class VLLMGeneration:
                 self.adapters.point(unit, None)
             else:
                 raise FileNotFoundError(f"no adapter checkpoint {d}")
-        remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
         for old in self.adapters.take_retired():
-            if remove is not None:
-                try:
-                    remove(old)
-                except Exception:  # not loaded (never used), or this vLLM cannot remove: the LRU cache evicts it
-                    pass
+            # False where vLLM holds no such adapter (never served, or already evicted): nothing to free
+            self.llm.llm_engine.remove_lora(old)
 
     def generate(self, request: GenerationRequest) -> list[Generation]:
         from vllm import SamplingParams
@@ -313,13 +309,9 @@ class VLLMGeneration:
             self.asleep = False
 
     def close(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
-        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)  # V1: the engine-core process
-        shutdown = getattr(core, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except Exception:
-                pass
+        llm, self.llm = self.llm, None
+        if llm is not None:  # not closed already
+            # the engine core runs in its own process (V1), which would otherwise hold the GPU until exit
+            llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
