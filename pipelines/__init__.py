@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Discriminator, PlainValidator, Tag, TypeAdapter
+from pydantic import BaseModel, Discriminator, PlainValidator, Tag, TypeAdapter, WithJsonSchema
 
 from infra.plugins import Registry
 from pipelines.base import AgentSpec, Pipeline, Problem
@@ -31,13 +31,21 @@ def _registered(v) -> BaseModel:
     return v if isinstance(v, cls.Config) else cls.Config.model_validate(v)
 
 
+# a registered pipeline's section, as JSON schema: any object whose name is not a built-in one, so that a
+# built-in section matches exactly one member of the union (Prefect validates parameters against `oneOf`)
+_REGISTERED_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "not": {"enum": list(BUILT_IN)}}},
+    "required": ["name"],
+}
+
 # one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out); the built-in
 # ones are spelled out so that their fields have a form in the Prefect UI
 PipelineConfig = Annotated[
     Annotated[MathChatConfig, Tag("mathchat")]
     | Annotated[DeepResearchConfig, Tag("deepresearch")]
     | Annotated[DSBenchConfig, Tag("dsbench")]
-    | Annotated[Any, PlainValidator(_registered), Tag("registered")],
+    | Annotated[Any, PlainValidator(_registered), WithJsonSchema(_REGISTERED_SCHEMA), Tag("registered")],
     Discriminator(_member),
 ]
 

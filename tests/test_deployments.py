@@ -3,6 +3,7 @@ preset's config exactly, plus evaluate and align, on the process work pool."""
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flows.config import RunConfig, load_config, preset_names
@@ -33,3 +34,18 @@ def test_each_preset_deployment_carries_exactly_that_preset():
     for d in deps.values():  # every entrypoint names a real flow
         path, fn = d["entrypoint"].split(":")
         assert f"def {fn}(" in (ROOT / path).read_text()
+
+
+def test_each_deployments_parameters_meet_the_json_schema_prefect_enforces():
+    """Prefect checks a deployment's parameters against the flow's JSON schema (`oneOf` for the pipeline
+    section): a built-in pipeline's section must match exactly one member, the registered pipelines' one
+    included (tests/quiz_plugin.py's section matches only that one)."""
+    import jsonschema
+
+    schema = RunConfig.model_json_schema()
+    for d in yaml.safe_load(render())["deployments"]:
+        if "parameters" in d:
+            jsonschema.validate(d["parameters"]["config"], schema)
+    jsonschema.validate({"pipeline": {"name": "quiz", "eval_size": 3}}, schema)
+    with pytest.raises(jsonschema.ValidationError):  # not taken for a registered pipeline's section either
+        jsonschema.validate({"pipeline": {"name": "mathchat", "families": "not a list"}}, schema)
