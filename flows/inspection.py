@@ -351,4 +351,4 @@ def trace_link(run_dir: str | Path, runs_dir: str | Path, episode: str, iteratio
     uri, experiment, _ = _mlflow_of(run_dir, runs_dir)
     found = trace_ids(uri, experiment, run_dir, iteration, phase).get(episode)
     ui = os.environ.get("TEAMRL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
-    return f"{ui}/#/experiments/{experiment}/traces?selectedTraceId={found}" if found else None
+    return f"{ui}/#/experiments/{experiment}/traces?selectedEvaluationId={found}" if found else None

@@ -1,7 +1,11 @@
 """The path a Prefect + MLflow user takes, in a real headless Chromium (Debian's chromium and
 chromium-driver, driven by selenium): `infra/server.sh start` (what `make server` runs), open the Prefect
 UI, find the train/tiny deployment, start a run from its form with parameters changed, wait until the UI
-shows it Completed, take a screenshot; then find that run's metrics and registered agents in the MLflow UI.
+shows it Completed, take a screenshot; then find that run's metrics and registered agents in the MLflow UI,
+and open one held-out episode as a trace. That screenshot (docs/images/mlflow-trace.png, checked by eye
+once) shows the span tree on the left, the episode, solver (turn 0), executor (turn 1) with its `python`
+tool span, verifier (turn 2), each turn with one assessment (the coach's feedback), and the executor's
+prompt tail and response on the right.
 
 Skipped when Chromium is not installed (`make browser` installs it), unless TEAMRL_REQUIRE_BROWSER=1
 (CI), which turns the skip into a failure."""
@@ -155,3 +159,14 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     browser.get(f"{stack['mlflow']}/#/models/tiny-solver")
     _wait(lambda: run_dir.name in body(), 120, "the registered model's versions")
     assert "best" in body() and "teamrl.eval_success" in body(), body()[:2000]
+    # 6. one held-out episode as a trace: its agents' turns, and the coach's verdict beside a turn
+    from infra.traces import trace_ids
+
+    _, trace = sorted(trace_ids(f"sqlite:///{stack['runs']}/mlflow.db", exp, run_dir, 1, "eval").items())[0]
+    browser.get(f"{stack['mlflow']}/#/experiments/{exp}/traces?selectedEvaluationId={trace}")  # flows.inspection
+    _wait(lambda: "solver (turn 0)" in body(), 120, "the trace's spans")
+    assert "solver (turn 0)" in body() and "verifier (turn 2)" in body(), body()[:3000]
+    browser.find_element(By.XPATH, "//*[normalize-space()='executor (turn 1)']").click()
+    _wait(lambda: "coach" in body() and "python" in body(), 60, "the turn's coach feedback and its tool")
+    browser.save_screenshot(str(tmp_path / "mlflow-trace.png"))
+    assert (tmp_path / "mlflow-trace.png").stat().st_size > 10_000

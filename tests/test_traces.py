@@ -185,4 +185,4 @@ def test_a_run_traces_its_episodes_with_the_coach_verdicts_once(prefect_harness,
     episode = one["tags"]["teamrl.episode_id"]
     show = ["runs", "show", "traced", "--dir", str(tmp_path), "-e", episode, "--iteration", "1", "--phase", "rollout"]
     out = CliRunner().invoke(app, show)
-    assert out.exit_code == 0 and f"selectedTraceId={one['trace_id']}" in out.output, out.output
+    assert out.exit_code == 0 and f"selectedEvaluationId={one['trace_id']}" in out.output, out.output
