@@ -30,19 +30,26 @@ class RankFailed(TeamrlError):
     resumable = True
 
 
+def _join(host: str, port: int, rank: int, world: int) -> None:
+    """Join the update's gloo group as `rank`, rank 0 listening on host:port."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{host}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
+    )
+
+
 def _helper(rank: int, world: int, port: int, threads: int, error_dir: str, target: Callable, args: tuple) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
-        )
+        _join("127.0.0.1", port, rank, world)
         target(*args, rank=rank, world=world)
     except BaseException as e:
         Path(error_dir, f"rank-{rank}").write_text("".join(traceback.format_exception_only(type(e), e)).strip())
@@ -91,13 +98,7 @@ def spawn_ranks(world: int, threads: int, target: Callable, args: tuple) -> Iter
             p.start()
         torch.set_num_threads(threads)
         try:
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=0,
-                world_size=world,
-                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
-            )
+            _join("127.0.0.1", port, 0, world)
             try:
                 yield
             except BaseException as e:
@@ -127,13 +128,7 @@ class RankActor:
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
-        )
+        _join(host, port, rank, world)
         try:
             target(*args, rank=rank, world=world)
         finally:
@@ -189,13 +184,7 @@ def ray_ranks(world: int, threads: int, target: Callable, args: tuple, cfg) -> I
         nodes = ray.get([a.node.remote() for a in actors])
         futures = [a.run.remote(r, world, host, port, threads, target, args) for r, a in enumerate(actors, start=1)]
         torch.set_num_threads(threads)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=0,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
-        )
+        _join(host, port, 0, world)
         try:
             yield nodes
         except BaseException as e:
