@@ -83,7 +83,10 @@ def _trace_hint(run_dir: Path, runs_dir: str, episode: str, text: str) -> None:
     if where is None or not (run_dir / "mlflow_run_id").exists():
         return
     k, phase = int(where[1]), where[2]
-    link = trace_link(run_dir, runs_dir, episode, k, phase)
+    try:
+        link = trace_link(run_dir, runs_dir, episode, k, phase)
+    except USER_ERRORS:  # the run's MLflow database is elsewhere: the transcript stands without the link
+        return
     hint = f"trace: {link}" if link else f"no MLflow trace yet: teamrl runs trace {run_dir.name} --iteration {k} --all"
     console.print(hint, markup=False, highlight=False, soft_wrap=True)
 

@@ -292,6 +292,7 @@ def disk_summary(run_dir: str | Path) -> str:
 
 def _mlflow_of(run_dir: str | Path, runs_dir: str | Path) -> tuple[str, str, str]:
     """(tracking URI, experiment id, MLflow run id) of a run that logged to MLflow."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     from infra.errors import UsageError
@@ -303,7 +304,13 @@ def _mlflow_of(run_dir: str | Path, runs_dir: str | Path) -> tuple[str, str, str
         raise UsageError(f"run {Path(run_dir).name} logged nothing to MLflow (run.mlflow was false)")
     uri = read_run_config(run_dir)["run"].get("tracking_uri") or default_tracking_uri(runs_dir)
     run_id = id_file.read_text().strip()
-    return uri, MlflowClient(uri).get_run(run_id).info.experiment_id, run_id
+    try:
+        return uri, MlflowClient(uri).get_run(run_id).info.experiment_id, run_id
+    except MlflowException:
+        raise UsageError(
+            f"run {Path(run_dir).name}'s MLflow run {run_id} is not in {uri} (the run folder was copied or "
+            "moved without its MLflow database): pass --dir with the folder that holds it"
+        ) from None
 
 
 def traces(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.DataFrame:
