@@ -202,7 +202,8 @@ def run_in_slot(
                 rc = 128 - rc
             if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
                 timed_out = True
-            return SandboxResult(_read_capped(out, cfg.max_output_bytes), stderr, rc, timed_out, work)
+            out_text = _read_capped(out, cfg.max_output_bytes)
+            return SandboxResult(out_text, stderr, rc, timed_out, work, memory_killed=slot.memory_killed())
     finally:
         for f in (status_r, status_w):
             if f >= 0:

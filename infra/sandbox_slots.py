@@ -49,6 +49,16 @@ class Slot:
     uid: int | None
     cgroups: list[Path] = field(default_factory=list)
 
+    def memory_killed(self) -> bool:
+        """Whether the kernel killed a process of this call for going over the call's memory limit."""
+        for d in self.cgroups:
+            for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1: both have an `oom_kill N` line
+                with contextlib.suppress(OSError):
+                    fields = dict(line.split() for line in (d / name).read_text().splitlines() if line.strip())
+                    if int(fields.get("oom_kill", 0)) > 0:
+                        return True
+        return False
+
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
     """(mount point, fs type, options) of every cgroup mount."""
@@ -83,6 +93,8 @@ def cgroup_parents() -> tuple[tuple[str, Path], ...]:
                 (parent / "cgroup.subtree_control").write_text("+pids +memory")
         probe = _make_groups(parents, 8, 64)
         _remove_groups(probe)
+        for _, parent in parents:
+            _sweep_orphans(parent)
     except OSError as e:
         log.debug("per-call cgroups unavailable: %s", e)
         return ()
@@ -113,6 +125,20 @@ def _make_groups(parents, max_processes: int, memory_mb: int) -> list[Path]:
         _remove_groups(made)
         raise
     return made
+
+
+def _sweep_orphans(parent: Path) -> None:
+    """Remove the empty groups of trainers that died mid-call (SIGKILL leaves no chance to clean up)."""
+    for d in parent.glob("call-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[1]), 0)
+            continue  # its trainer is alive: the group may be in use
+        except PermissionError:
+            continue  # alive, as another user
+        except (ProcessLookupError, ValueError):
+            pass
+        with contextlib.suppress(OSError):  # not empty: something of it still runs; left alone
+            d.rmdir()
 
 
 def _remove_groups(groups: list[Path]) -> None:

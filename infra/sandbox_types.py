@@ -83,6 +83,7 @@ class SandboxResult:
     timed_out: bool
     workdir: str  # where the code ran (removed afterwards unless run_python was given it)
     infra_error: str | None = None  # why the program never ran (the sandbox failed to start it), after retries
+    memory_killed: bool = False  # the kernel killed a process of the call for going over `call_memory_mb`
 
     @property
     def ok(self) -> bool:
@@ -94,6 +95,8 @@ class SandboxResult:
             return f"{INFRA_PREFIX} the sandbox could not start the program, which did not run ({self.infra_error})"
         if self.timed_out:
             return "TIMEOUT: the program did not finish in time"
+        if self.memory_killed and self.returncode != 0:
+            return "ERROR: out of memory (the program and its child processes went over their memory limit)"
         if self.returncode is not None and self.returncode < 0:
             return f"ERROR: killed by {signal.Signals(-self.returncode).name}"
         if self.returncode != 0:

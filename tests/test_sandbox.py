@@ -194,6 +194,17 @@ def test_memory_bomb_fails_in_the_child_only(mode, code):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.skipif(not sandbox_slots.cgroup_parents(), reason="no per-call cgroup on this host")
+def test_going_over_the_call_memory_limit_is_named(mode):
+    """Under its address-space limit, over the call's cgroup limit: the kernel kills it, and we say why."""
+    code = "x = []\nwhile True: x.append(bytearray(10**7))"
+    r = run_python(code, cfg(mode, memory_mb=2048, call_memory_mb=128, timeout_s=20))
+    assert r.memory_killed and not r.timed_out and r.returncode == -9, r
+    assert r.feedback().startswith("ERROR: out of memory")
+    assert_unaffected(mode)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "code",
     [

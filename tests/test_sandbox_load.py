@@ -46,15 +46,16 @@ def test_runaway_calls_do_not_stop_concurrent_benign_calls(mode):  # noqa: F811
     hostile = cfg(mode, timeout_s=4, memory_mb=128, call_memory_mb=512)  # the same process quota as the benign calls
     benign = cfg(mode, timeout_s=60)
     with ThreadPoolExecutor(max_workers=16) as pool:
-        bad = [pool.submit(run_python, code, hostile) for code in RUNAWAY.values() for _ in range(3)]
+        bad = [(kind, pool.submit(run_python, code, hostile)) for kind, code in RUNAWAY.items() for _ in range(3)]
         time.sleep(1.0)  # the runaways are at their limits before the benign calls start
         good = [pool.submit(run_python, BENIGN.format(n=n), benign) for n in range(24)]
         good = [f.result() for f in good]
-        bad = [f.result() for f in bad]
+        bad = [(kind, f.result()) for kind, f in bad]
     for n, r in enumerate(good):
         assert r.ok and r.infra_error is None and r.stdout == f"{n * 7} True\n", r
-    for r in bad:  # each runaway ended by its wall clock, nothing of it left running
-        assert r.timed_out and r.infra_error is None, r
+    for kind, r in bad:  # each runaway ended by its wall clock (or its memory limit), nothing of it left running
+        assert r.infra_error is None and not r.ok, r
+        assert r.timed_out or (kind == "memory-bomb" and r.memory_killed), (kind, r)
         assert left_running(r.workdir) == []
     if os.geteuid() == 0:  # gone once reaped (an orphan's reaper may lag; the uid's next call waits for it)
         for uid in range(hostile.uid_base, hostile.uid_base + hostile.uid_count):
@@ -216,3 +217,27 @@ def test_a_host_without_per_call_budgets_is_named_and_warned_about(monkeypatch, 
         sandbox_slots.warn_if_shared.cache_clear()
     monkeypatch.setattr(sandbox_slots.os, "geteuid", lambda: 0)
     assert sandbox_slots.budgets() == "uids"
+
+
+def test_memory_kills_are_read_from_the_call_cgroups(tmp_path):
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    for d in (v1, v2):
+        d.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    assert not sandbox_slots.Slot(None, [v1]).memory_killed()
+    assert sandbox_slots.Slot(None, [v1, v2]).memory_killed()
+    assert not sandbox_slots.Slot(None, []).memory_killed()
+
+
+def test_groups_of_dead_trainers_are_swept_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"call-{dead.pid}-0a1b2c3d").mkdir()  # a trainer SIGKILLed mid-call
+    (tmp_path / f"call-{os.getpid()}-0a1b2c3d").mkdir()  # this process's own call, in use
+    (tmp_path / f"call-{dead.pid}-busy").mkdir()
+    (tmp_path / f"call-{dead.pid}-busy" / "cgroup.procs").write_text("4242")  # not empty: left alone
+    sandbox_slots._sweep_orphans(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"call-{os.getpid()}-0a1b2c3d", f"call-{dead.pid}-busy"]
+    )
