@@ -64,7 +64,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy on tasks/ and infra/ (pyproject.toml [tool.mypy]; pipelines/ is read for its types, not yet checked)
+# mypy on tasks/, infra/ and pipelines/ (pyproject.toml [tool.mypy])
 typecheck: install
 	$(VENV)/bin/mypy
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from infra.generation import Generation
 
@@ -21,6 +24,20 @@ class Problem:
     task_id: str
     question: str
     answer: str
+
+
+P = TypeVar("P", bound=Problem)
+
+
+def own_problem(problem: Problem, cls: type[P]) -> P:
+    """`problem` as `cls`, the pipeline's own Problem subclass, whose fields its episodes read
+    (Pipeline.run_episodes is handed the base type)."""
+    if not isinstance(problem, cls):
+        raise TypeError(
+            f"problem {problem.task_id!r} is a {type(problem).__name__}; the pipeline runs {cls.__name__} "
+            "problems (from its problems() or load_problems())"
+        )
+    return problem
 
 
 @dataclass
@@ -71,26 +88,31 @@ class Act(Protocol):
 
 
 class Pipeline(Protocol):
+    # mypy matches a protocol's attributes exactly (they are settable): a pipeline that sets one to a value
+    # of a narrower type annotates it with the type here, as in `Config: type[BaseModel] = MathChatConfig`
     name: str
-    Config: type  # its config model (a pydantic model with `name`), built as `Pipeline(Config(...), seed)`
+    Config: type[BaseModel]  # its config model (with `name`), built as `Pipeline(Config(...), seed)`
     agents: list[AgentSpec]
     # role (agent name) -> the trainable weights that play it (a LoRA adapter or a full copy; its checkpoints,
     # its updates, its version): `own_weights` for a team of separate models, one name for roles sharing one
     weights: dict[str, str]
     answer_blind_rubric: bool  # rubric(..., ground_truth=False) exists (coach.ground_truth=false, backend rubric)
 
-    def problems(self, split: str) -> list[Problem]: ...
+    def __init__(self, cfg: Any, seed: int) -> None: ...
 
-    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+    # Sequence, not list: a pipeline's lists hold its own Problem subclass (a list's type is invariant)
+    def problems(self, split: str) -> Sequence[Problem]: ...
+
+    def load_problems(self, path: str, docs: str | None = None) -> Sequence[Problem]:
         """A user's problem file (`teamrl eval --problems`; `docs`: its documents file, where the pipeline's
         questions are asked over documents), validated before any model loads: a ValueError names the file
         and line of the first bad record."""
 
     def run_episodes(
-        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+        self, problems: Sequence[Problem], episode_ids: list[str], group_ids: list[str], act: Act
     ) -> list[Episode]: ...
 
-    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+    def rubric(self, episode: Episode, ground_truth: bool) -> Sequence[tuple[float | None, str]]:
         """A score 0..10 and a rationale per action; None = not scored (stored as `skipped`, no gradient).
         Without `ground_truth` the scores must not depend on the problem's answer."""
 

@@ -14,7 +14,10 @@ The settings are in config.py, the prompts, worked examples and reply parser in 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cached_property, lru_cache
+
+from pydantic import BaseModel
 
 from infra.generation import continue_chat, encode_chat
 from infra.retry import InfraFault, infra_record, with_retries
@@ -29,6 +32,7 @@ from pipelines.base import (
     ToolCall,
     action_row,
     no_blind_rubric,
+    own_problem,
     own_weights,
 )
 from pipelines.deepresearch import corpus
@@ -59,7 +63,7 @@ def _docs_index(path: str) -> SearchIndex:
 
 class DeepResearch(PipelineBase):
     name = "deepresearch"
-    Config = DeepResearchConfig
+    Config: type[BaseModel] = DeepResearchConfig
 
     def stop(self, agent: str) -> tuple[str, ...]:
         return tuple(self.cfg.stop)
@@ -84,6 +88,8 @@ class DeepResearch(PipelineBase):
     def _data(self) -> tuple[list[corpus.Document], list[corpus.ResearchProblem], list[corpus.ResearchProblem]]:
         c = self.cfg
         if c.docs_file:
+            if c.questions_file is None:  # DeepResearchConfig refuses this; a config built unvalidated does not
+                raise ValueError("docs_file and questions_file go together: give both or neither")
             docs, probs = corpus.load_jsonl(c.docs_file, c.questions_file)
         else:
             docs, probs = corpus.generate(
@@ -103,19 +109,20 @@ class DeepResearch(PipelineBase):
         titles = {d.doc_id: d.title for d in self._data[0]}
         return {p.task_id: [titles[s] for s in p.support] for p in self._data[1] + self._data[2]}
 
-    def problems(self, split: str) -> list[Problem]:
+    def problems(self, split: str) -> list[corpus.ResearchProblem]:
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: train | eval")
         return self._data[1] if split == "train" else self._data[2]
 
-    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+    def load_problems(self, path: str, docs: str | None = None) -> list[corpus.ResearchProblem]:
         """A user's questions {"question", "answer"} (pipelines/deepresearch/corpus.py `load_questions`), over
         the documents file `docs` ({"id", "title"?, "text"} a line) or else the run's corpus."""
         return corpus.load_questions(path, docs)
 
-    def _search_index(self, problem: corpus.ResearchProblem) -> SearchIndex:
+    def _search_index(self, problem: Problem) -> SearchIndex:
         """The corpus a question is asked over: the run's, or the user's documents file it names."""
-        return _docs_index(problem.docs) if problem.docs else self.index
+        docs = own_problem(problem, corpus.ResearchProblem).docs
+        return _docs_index(docs) if docs else self.index
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         shots = S1_EXAMPLES if self.cfg.examples else []
@@ -151,7 +158,7 @@ class DeepResearch(PipelineBase):
         return ToolCall(purpose, [f"# {d.title}\n{d.text}" for d in hits] or ["(no results)"])
 
     def run_episodes(
-        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+        self, problems: Sequence[Problem], episode_ids: list[str], group_ids: list[str], act: Act
     ) -> list[Episode]:
         tok, c = act.tokenizer, self.cfg
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
@@ -255,7 +262,7 @@ class DeepResearch(PipelineBase):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         return tok.decode(ids[: self.cfg.context_tokens])
 
-    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float | None, str]]:
+    def rubric(self, episode: Episode, ground_truth: bool) -> list[tuple[float, str]]:
         if not ground_truth:  # it scores against the gold answer and support documents
             raise ValueError(no_blind_rubric(self.name))
         return rubric_scores(episode, self._support_titles.get(episode.problem.task_id, []))

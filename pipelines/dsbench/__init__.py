@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +32,7 @@ from pipelines.base import (
     action_row,
     extract_code,
     no_blind_rubric,
+    own_problem,
     own_weights,
 )
 from pipelines.dsbench import data, synthetic
@@ -41,6 +43,15 @@ FENCE = "```python\n"
 Bundled = Literal["diabetes", "breast_cancer", "wine", "iris", "digits"]  # data.DATASETS
 
 
+# the dataset lists' defaults: functions, as mypy types a lambda's list of names list[str], not list[Bundled]
+def _training_datasets() -> list[Bundled]:
+    return ["diabetes", "breast_cancer", "wine", "iris"]
+
+
+def _unused_datasets(cfg: dict[str, Any]) -> list[Bundled]:
+    return [d for d in get_args(Bundled) if d not in cfg.get("datasets", [])]
+
+
 class DSBenchConfig(BaseModel):
     """The data-science team and its task sets."""
 
@@ -48,7 +59,7 @@ class DSBenchConfig(BaseModel):
 
     name: Literal["dsbench"] = "dsbench"
     datasets: list[Bundled] = Field(
-        default_factory=lambda: ["diabetes", "breast_cancer", "wine", "iris"],
+        default_factory=_training_datasets,
         min_length=1,
         description="scikit-learn datasets the tasks are drawn from, round-robin (each task: its own split)",
     )
@@ -62,7 +73,7 @@ class DSBenchConfig(BaseModel):
         "(the default, so a run folder whose config predates this field keeps its held-out set)",
     )
     heldout_datasets: list[Bundled] = Field(
-        default_factory=lambda cfg: [d for d in data.DATASETS if d not in cfg.get("datasets", [])],
+        default_factory=_unused_datasets,
         description="with heldout=datasets: bundled datasets of the held-out tasks, none of them in `datasets` "
         "(default: the bundled ones training does not use)",
     )
@@ -123,7 +134,7 @@ class DSBenchConfig(BaseModel):
             )
         return self
 
-    def heldout_names(self) -> list[str]:
+    def heldout_names(self) -> Sequence[str]:
         """The datasets of the held-out tasks, round-robin."""
         if self.heldout == "splits":
             return self.datasets
@@ -181,7 +192,7 @@ def program(text: str) -> str | None:
 
 class DSBench(PipelineBase):
     name = "dsbench"
-    Config = DSBenchConfig
+    Config: type[BaseModel] = DSBenchConfig
     agents = [
         AgentSpec("data_engineer", "Data Engineer: writes feature-engineering code that produces the feature files"),
         AgentSpec("modeler", "Modeler: trains a model on the feature files and writes predictions.csv"),
@@ -190,7 +201,7 @@ class DSBench(PipelineBase):
     weights = own_weights(agents)
 
     # the coach-bias monitor (flows/train.py) compares coach and metric per task type: metrics["regression"]
-    task_types = ("regression", {1.0: "regression", 0.0: "classification"})
+    task_types: tuple[str, dict[float, str]] | None = ("regression", {1.0: "regression", 0.0: "classification"})
 
     def stop(self, agent: str) -> tuple[str, ...]:
         return tuple(self.cfg.stop)
@@ -199,7 +210,7 @@ class DSBench(PipelineBase):
         self.cfg, self.seed = cfg, seed
         preflight(cfg.sandbox)
 
-    def problems(self, split: str) -> list[Problem]:
+    def problems(self, split: str) -> list[data.DSProblem]:
         if split == "train":
             return data.make_problems(self.cfg.datasets, self.cfg.train_size, self.seed)
         if split == "eval":
@@ -214,30 +225,30 @@ class DSBench(PipelineBase):
         reported per dataset."""
         return problem.task_id.rsplit("-", 1)[0]
 
-    def load_problems(self, path: str, docs: str | None = None) -> list[Problem]:
+    def load_problems(self, path: str, docs: str | None = None) -> list[data.DSProblem]:
         """A user's tasks: a CSV file, its target column and a metric each (pipelines/dsbench/data.py
         `load_tasks`)."""
         no_docs(self.name, docs)
         return data.load_tasks(path, self.seed)
 
     def run_episodes(
-        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+        self, problems: Sequence[Problem], episode_ids: list[str], group_ids: list[str], act: Act
     ) -> list[Episode]:
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         spaces = [Path(tempfile.mkdtemp(prefix="teamrl-ds-")) for _ in eps]
         try:
             for e, ws in zip(eps, spaces):
-                data.write_workspace(e.problem, ws)
+                data.write_workspace(_task(e), ws)
             notes = ["" for _ in eps]  # what the previous agent's program printed, and the files it left
             for turn, agent in enumerate(ROLES):
                 chats = [
                     [
-                        {"role": "system", "content": self._role(agent, e.problem)},
+                        {"role": "system", "content": self._role(agent, _task(e))},
                         {"role": "user", "content": self._brief(e, ws, n)},
                     ]
                     for e, ws, n in zip(eps, spaces, notes)
                 ]
-                leads = [self._lead(agent, e.problem) for e in eps]
+                leads = [self._lead(agent, _task(e)) for e in eps]
                 gens = act(agent, [self._prompt(act.tokenizer, c, lead) for c, lead in zip(chats, leads)])
                 codes = [program(lead + g.text) for g, lead in zip(gens, leads)]
                 with ThreadPoolExecutor(max_workers=4) as pool:
@@ -296,7 +307,7 @@ class DSBench(PipelineBase):
         return f"Task: {e.problem.question}\ntrain.csv columns: {head[:300]}\n{note}".strip()
 
     def _score(self, e: Episode, ws: Path) -> None:
-        p = e.problem
+        p = _task(e)
         try:
             s = with_retries(lambda: data.score_submission(p, ws), "scorer", f"scoring {p.task_id}")
         except InfraFault as fault:  # the episode stays unscored: its outcome is unknown, not zero
@@ -322,6 +333,10 @@ class DSBench(PipelineBase):
         left, and with `ground_truth` the submission's score (measured on the hidden test labels)."""
         final = f"\nFinal result: {episode.final_answer}" if ground_truth else ""
         return [f"{a['tool_output']}{final}" for a in episode.actions]
+
+
+def _task(e: Episode) -> data.DSProblem:
+    return own_problem(e.problem, data.DSProblem)
 
 
 def _files(ws: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -125,7 +126,7 @@ def _question(name: str, kind: str, X: pd.DataFrame, metric: str) -> str:
     )
 
 
-def make_problems(datasets: list[str], n: int, seed: int, start: int = 0) -> list[DSProblem]:
+def make_problems(datasets: Sequence[str], n: int, seed: int, start: int = 0) -> list[DSProblem]:
     """`n` problems round-robin over `datasets` (bundled or synthetic), problem i (from `start`) with its own
     split seed."""
     if not datasets:

@@ -20,7 +20,8 @@ HANDOFFS = {
 def rubric_scores(ep: Episode) -> list[tuple[float | None, str]]:
     """Hand-off made: 6 + 4 x outcome (the submission's normalised gain over the trivial predictor);
     the first failure: 0; everything after it: None (its input was missing; not scored)."""
-    out, broken = [], None
+    out: list[tuple[float | None, str]] = []
+    broken = None
     for a in ep.actions:
         agent = a["agent"]
         done = ep.metrics.get("submission_ok" if agent == "analyst" else f"{agent}_ok", 0.0) == 1.0

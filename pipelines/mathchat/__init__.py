@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -13,6 +14,13 @@ from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 from pipelines.records import no_docs
 
+Family = Literal["arith", "one_step", "two_step", "number_theory"]  # gen.FAMILIES
+
+
+# a function, as mypy types a lambda's list of names list[str], not list[Family]
+def _default_families() -> list[Family]:
+    return ["two_step", "number_theory"]
+
 
 class MathChatConfig(BaseModel):
     """The MathChat team and its problem sets."""
@@ -20,8 +28,8 @@ class MathChatConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["mathchat"] = "mathchat"
-    families: list[Literal["arith", "one_step", "two_step", "number_theory"]] = Field(
-        default_factory=lambda: ["two_step", "number_theory"],
+    families: list[Family] = Field(
+        default_factory=_default_families,
         min_length=1,
         description="problem families mixed round-robin (easiest first): arith | one_step | two_step | number_theory",
     )
@@ -48,7 +56,7 @@ VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWE
 
 class MathChat(PipelineBase):
     name = "mathchat"
-    Config = MathChatConfig
+    Config: type[BaseModel] = MathChatConfig
     answer_blind_rubric = True
     agents = [
         AgentSpec("solver", "Problem Solver: explains how to compute the answer"),
@@ -86,7 +94,7 @@ class MathChat(PipelineBase):
         return gen.load_jsonl(path)
 
     def run_episodes(
-        self, problems: list[Problem], episode_ids: list[str], group_ids: list[str], act: Act
+        self, problems: Sequence[Problem], episode_ids: list[str], group_ids: list[str], act: Act
     ) -> list[Episode]:
         eps = [Episode(problem=p, episode_id=e, group_id=g) for p, e, g in zip(problems, episode_ids, group_ids)]
         # Turn 0: the solver plans.

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import random
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 from infra.errors import UsageError
@@ -76,7 +77,7 @@ def _number_theory(r: random.Random) -> tuple[str, int]:
 FAMILIES = {"arith": _arith, "one_step": _one_step, "two_step": _two_step, "number_theory": _number_theory}
 
 
-def generate(families: list[str], n: int, seed: int, exclude: set[str] = frozenset()) -> list[Problem]:
+def generate(families: Sequence[str], n: int, seed: int, exclude: Set[str] = frozenset()) -> list[Problem]:
     """`n` distinct problems drawn round-robin from `families`, skipping questions in `exclude`."""
     r = random.Random(seed)
     out: list[Problem] = []

@@ -84,6 +84,7 @@ def rubric_scores(ep: Episode) -> list[tuple[float | None, str]]:
     # faithfully, upstream is at fault: not scored (unless it states the truth), so failing upstream
     # never teaches it silence.
     stated = ep.final_answer
+    ve: tuple[float | None, str]
     if stated == truth:
         ve = (10.0, "stated the correct answer")
     elif code_right:
@@ -119,6 +120,7 @@ def blind_rubric_scores(ep: Episode) -> list[tuple[float | None, str]]:
     # Verifier: faithful to the program's output, in the ANSWER format. With no program result it has
     # nothing to report: upstream is at fault, not scored.
     stated, explicit = ep.final_answer, ANSWER_RE.search(ep.actions[2]["response_text"] or "")
+    ve: tuple[float | None, str]
     if printed is None:
         ve = (None, "not scored: the program gave no result to report; upstream is at fault")
     elif not stated:
