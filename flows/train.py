@@ -214,7 +214,8 @@ def artifact_key(*parts: str) -> str:
 
 def trace_partitions(run_dir: Path, k: int, cfg: RunConfig, tracker: Tracker, training: bool) -> int:
     """Iteration k's training partitions (`training`) or its held-out ones as MLflow traces, as `run.traces`
-    chooses (infra/traces.py), after their stages ended; how many episodes got a trace."""
+    chooses (infra/traces.py), after their stages ended; how many episodes were chosen. The tracker's writer
+    thread writes them while the next stages run, and the run's end waits for it."""
     phases = sorted(p.name.split("=", 1)[1] for p in (run_dir / "episodes" / f"iteration={k}").glob("phase=*"))
     chosen = [p for p in phases if is_eval(p) != training]
     seed = context.stage_seed(cfg.seed, "traces", k)

@@ -6,12 +6,15 @@ is tried again after a pause."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import logging
 import math
 import os
+import queue
 import random
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +98,8 @@ class Tracker:
     ):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
+        self._trace_jobs: queue.Queue | None = None  # partitions for the trace writer thread, started on first use
+        self.trace_seconds = 0.0  # the writer's time so far (it overlaps the next stages)
         if not enabled:
             return
         from mlflow.tracking import MlflowClient
@@ -167,20 +172,61 @@ class Tracker:
             self.client.log_artifact(self.run_id, str(local_file), artifact_path)
 
     def log_traces(self, run_dir: str | Path, iteration: int, phase: str, mode: str, sample: int, seed: int) -> int:
-        """The partition's episodes that `mode` chooses as MLflow traces (infra/traces.py), those not traced
-        before; how many were written. A failure is logged, not raised: traces never stop training."""
+        """Queue the partition's episodes that `mode` chooses (infra/traces.py) for the trace writer thread,
+        which writes those not traced before while the run goes on; how many were chosen. A failure is
+        logged, not raised: traces never stop training, and a resumed run writes what a stopped one left."""
         if not self.enabled:
             return 0
-        from infra.traces import chosen, log_partition
+        from infra import store
+        from infra.traces import chosen
 
         try:
             episodes = chosen(run_dir, iteration, phase, mode, sample, seed)
-            if episodes == []:
-                return 0
-            return len(log_partition(self.uri, self.experiment_id, self.run_id, run_dir, iteration, phase, episodes))
-        except Exception as e:  # an MLflow store that rejects traces must not cost the run
-            log.warning("could not write the traces of iteration %d, %s: %s", iteration, phase, e)
+            n = len(store.read_table(run_dir, "episodes", iteration, phase)) if episodes is None else len(episodes)
+        except Exception as e:
+            log.warning("could not choose the episodes to trace of iteration %d, %s: %s", iteration, phase, e)
             return 0
+        if n:
+            if self._trace_jobs is None:
+                self._trace_jobs = queue.Queue()
+                threading.Thread(
+                    target=self._write_traces, args=(self._trace_jobs,), name="teamrl-traces", daemon=True
+                ).start()
+            self._trace_jobs.put((run_dir, iteration, phase, episodes))
+        return n
+
+    def _write_traces(self, jobs: queue.Queue) -> None:
+        """The trace writer: one partition at a time, until finish() sends None."""
+        from infra.traces import log_partition
+
+        while (job := jobs.get()) is not None:
+            run_dir, iteration, phase, episodes = job
+            t0 = time.perf_counter()
+            try:
+                log_partition(self.uri, self.experiment_id, self.run_id, run_dir, iteration, phase, episodes)
+            except Exception as e:  # an MLflow store that rejects traces must not cost the run
+                log.warning("could not write the traces of iteration %d, %s: %s", iteration, phase, e)
+            finally:
+                self.trace_seconds += time.perf_counter() - t0
+                jobs.task_done()
+        jobs.task_done()
+
+    def _stop_traces(self, wait: bool) -> None:
+        """Let the writer end: after the queued partitions (`wait`), or after the one it is writing (a stopped
+        run leaves the rest to its resume)."""
+        jobs, self._trace_jobs = self._trace_jobs, None
+        if jobs is None:
+            return
+        if not wait:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    jobs.get_nowait()
+                    jobs.task_done()
+        elif pending := jobs.qsize():
+            log.info("writing the MLflow traces of %d more partition(s)", pending)
+        jobs.put(None)
+        if wait:
+            jobs.join()
 
     def traces_link(self) -> str:
         """The experiment's traces in the MLflow UI; `tags.teamrl.iteration` and `tags.teamrl.phase` filter them."""
@@ -205,4 +251,5 @@ class Tracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
+            self._stop_traces(wait=status == "FINISHED")
             self.client.set_terminated(self.run_id, status=status)

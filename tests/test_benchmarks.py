@@ -120,11 +120,11 @@ def test_orchestration_benchmark_runs_both_ways_on_the_same_work():
     calls = [m for m in calls if m]
     assert calls and int(calls[0][1]) >= int(calls[0][2]) >= 1, s.notes
     traced = [
-        re.search(r"MLflow traces \(`run.traces: sample`, (\d+) episodes an iteration.*: ([\d.]+) s", n)
+        re.search(r"MLflow traces \(`run.traces: sample`, (\d+) episodes an iteration.* wrote them in ([\d.]+) s", n)
         for n in s.notes
     ]
     traced = [m for m in traced if m]
-    assert traced and int(traced[0][1]) >= 1 and float(traced[0][2]) > 0, s.notes  # tiny's episodes, timed
+    assert traced and int(traced[0][1]) >= 1 and float(traced[0][2]) > 0, s.notes  # tiny's episodes, written
 
 
 @pytest.mark.slow

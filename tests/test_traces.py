@@ -186,3 +186,64 @@ def test_a_run_traces_its_episodes_with_the_coach_verdicts_once(prefect_harness,
     show = ["runs", "show", "traced", "--dir", str(tmp_path), "-e", episode, "--iteration", "1", "--phase", "rollout"]
     out = CliRunner().invoke(app, show)
     assert out.exit_code == 0 and f"selectedEvaluationId={one['trace_id']}" in out.output, out.output
+
+
+def _writer_fakes(monkeypatch, release):
+    """infra.traces with a writer that waits for `release` before recording each partition it was given."""
+    import threading
+
+    import infra.traces
+
+    started, written = threading.Event(), []
+
+    def log_partition(uri, experiment, run_id, run_dir, iteration, phase, episodes):
+        started.set()
+        assert release.wait(60)
+        written.append((iteration, phase, episodes))
+        return episodes
+
+    monkeypatch.setattr(infra.traces, "chosen", lambda run_dir, k, phase, mode, sample, seed: [f"{phase}-{k}"])
+    monkeypatch.setattr(infra.traces, "log_partition", log_partition)
+    return started, written
+
+
+def _writer_thread():
+    import threading
+
+    return next((t for t in threading.enumerate() if t.name == "teamrl-traces"), None)
+
+
+def test_traces_are_written_beside_the_run_and_its_end_waits_for_them(tmp_path, monkeypatch):
+    import threading
+
+    from infra.tracking import Tracker
+
+    (tmp_path / "r").mkdir()
+    tracker = Tracker(tmp_path / "r", tmp_path, "exp", None, {})
+    release = threading.Event()
+    _, written = _writer_fakes(monkeypatch, release)
+    assert [tracker.log_traces(tmp_path / "r", k, "rollout", "sample", 8, 0) for k in (1, 2)] == [1, 1]
+    assert written == []  # the calls returned while the writer waits: the next stage is not held up
+    release.set()
+    tracker.finish()
+    assert written == [(1, "rollout", ["rollout-1"]), (2, "rollout", ["rollout-2"])] and tracker.trace_seconds > 0
+    assert _writer_thread() is None
+
+
+def test_a_stopped_run_leaves_its_queued_traces_to_the_resume(tmp_path, monkeypatch):
+    import threading
+
+    from infra.tracking import Tracker
+
+    (tmp_path / "r").mkdir()
+    tracker = Tracker(tmp_path / "r", tmp_path, "exp", None, {})
+    release = threading.Event()
+    started, written = _writer_fakes(monkeypatch, release)
+    for k in (1, 2, 3):
+        tracker.log_traces(tmp_path / "r", k, "rollout", "sample", 8, 0)
+    assert started.wait(60)  # the writer is inside the first partition
+    tracker.finish("KILLED")  # returns without waiting for the writer (Ctrl-C must stop at once)
+    writer = _writer_thread()
+    release.set()
+    writer.join(60)
+    assert not writer.is_alive() and written == [(1, "rollout", ["rollout-1"])]  # 2 and 3: the resume's
