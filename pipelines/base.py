@@ -154,6 +154,13 @@ class PipelineBase:
         raise NotImplementedError(f"{type(self).__name__} has no System 1 (no agent with system=1)")
 
 
+def clip_tokens(tokenizer, text: str, budget: int, marker: str = "") -> str:
+    """`text` cut to its first `budget` tokens (with `marker` after a cut): what one agent's output may add to
+    another's prompt, since a long one would make that prompt, and its training step, grow without bound."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= budget else tokenizer.decode(ids[:budget]) + marker
+
+
 def own_weights(agents: list[AgentSpec]) -> dict[str, str]:
     """The `weights` of a team whose every agent has its own weights: each role maps to itself."""
     return {a.name: a.name for a in agents}

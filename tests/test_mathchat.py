@@ -236,3 +236,37 @@ def test_blind_rubric_ignores_the_answer():
         other = Episode(Problem("t", PROBLEM.question, "987654"), "e", "g", ep.actions, ep.final_answer)
         assert blind_rubric_scores(ep) == blind_rubric_scores(other)
         assert "987654" not in str(blind_rubric_scores(other))
+
+
+class _Team:
+    """An `Act` whose executor's program prints `printed`; it records the verifier's prompts."""
+
+    def __init__(self, tokenizer, printed: str):
+        self.tokenizer, self.printed, self.verifier_prompts = tokenizer, printed, []
+
+    def __call__(self, agent, prompts):
+        from infra.engines.types import Generation
+
+        text = {"solver": "Add them.", "executor": f"```python\nprint({self.printed!r})\n```", "verifier": "ANSWER: 7"}
+        if agent == "verifier":
+            self.verifier_prompts += [p[-1]["content"] for p in prompts]
+        ids = self.tokenizer(text[agent], add_special_tokens=False)["input_ids"]
+        return [Generation([1], ids, [-0.5] * len(ids), text[agent], False) for _ in prompts]
+
+
+@pytest.mark.parametrize("printed", ["7", "7" * 3000])
+def test_the_verifier_reads_the_program_output_cut_to_its_token_budget(printed):
+    from infra.models import ModelConfig, load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(name="tiny"))
+    pipe = MathChat(MathChatConfig(output_tokens=64), seed=0)
+    team = _Team(tok, printed)
+    (ep,) = pipe.run_episodes([Problem("q", "What is 3 + 4?", "7")], ["e"], ["g"], team)
+    seen = team.verifier_prompts[0].split("Program output: ", 1)[1]
+    assert ep.actions[1]["tool_output"].startswith(printed[:4000])  # the episode keeps what the sandbox returned
+    if len(printed) == 1:
+        assert seen == "7"
+    else:  # thousands of digits: the verifier reads 64 tokens of them and the mark of the cut
+        assert seen.endswith(" [output cut]") and seen.startswith("777")
+        assert len(tok(seen.removesuffix(" [output cut]"), add_special_tokens=False)["input_ids"]) <= 64
+    assert ep.final_answer == "7" and ep.success

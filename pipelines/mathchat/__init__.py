@@ -9,7 +9,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.sandbox import SandboxConfig, preflight, run_python, sandbox_fault
-from pipelines.base import Act, AgentSpec, Episode, PipelineBase, Problem, action_row, extract_code, own_weights
+from pipelines.base import (
+    Act,
+    AgentSpec,
+    Episode,
+    PipelineBase,
+    Problem,
+    action_row,
+    clip_tokens,
+    extract_code,
+    own_weights,
+)
 from pipelines.mathchat import problems as gen
 from pipelines.mathchat.rubric import blind_rubric_scores, extract_int, last_int, rubric_scores
 from pipelines.records import no_docs
@@ -45,12 +55,20 @@ class MathChatConfig(BaseModel):
         description="response token budget per agent",
     )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits for the executor's code")
+    output_tokens: int = Field(
+        256,
+        ge=16,
+        description="the program output the verifier reads, in tokens; longer output is cut there (the "
+        "episode keeps what the sandbox returned), so a program printing thousands of digits cannot blow up "
+        "the verifier's prompt and its training step",
+    )
 
 
 SOLVER = "You are the Problem Solver. In one or two short sentences, say how to compute the answer. Do not write code."
 EXECUTOR = (
     "You are the Code Executor. Reply with only a short Python program in a ```python block that prints the answer."
 )
+CUT = " [output cut]"  # after a program output cut to `output_tokens`
 VERIFIER = "You are the Verifier. Check the program output and reply with: ANSWER: <integer>"
 
 
@@ -148,7 +166,7 @@ class MathChat(PipelineBase):
                     {"role": "system", "content": VERIFIER},
                     {"role": "user", "content": f"Problem: {e.problem.question}\nProgram output: {o}"},
                 ]
-                for e, o in zip(eps, outputs)
+                for e, o in zip(eps, (clip_tokens(act.tokenizer, o, self.cfg.output_tokens, CUT) for o in outputs))
             ],
         )
         for e, g in zip(eps, verdicts):
