@@ -78,6 +78,9 @@ def train(
 def _interrupted(finish: str, new_run: Path | None) -> None:
     """Exit after a Ctrl-C (infra/interrupt.py then ends the process by SIGINT) with how to `finish` the run,
     unless the run this command was to create (`new_run`; None with --resume) was not created yet."""
+    from infra.faults import crash_point
+
+    crash_point("interrupted")
     if new_run and not (new_run / "config.yaml").exists():
         fail("interrupted before the run started", code=130)
     fail(f"interrupted. Finished stages are kept: finish the run with {finish}", code=130)

@@ -45,7 +45,7 @@ def _env(tmp_path: Path, **extra) -> dict:
     )
 
 
-def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: float = 0.0):
+def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: float = 0.0, env: dict | None = None):
     """Start `teamrl train args` in its own session (as a terminal starts a foreground job) and, once the
     first Parquet partition of run `i` exists, send SIGINT to its process group `signals` times `gap_s`
     apart; returns (exit status, seconds from the last signal to the exit, output)."""
@@ -65,7 +65,7 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
                 "run.id=i",
                 *args,
             ],
-            env=_env(tmp_path),
+            env=_env(tmp_path, **(env or {})),
             start_new_session=True,
             stdout=fh,
             stderr=subprocess.STDOUT,
@@ -157,9 +157,14 @@ def test_ctrl_c_stops_within_seconds_and_resume_finishes(trained_run, tmp_path):
 
 
 def test_second_ctrl_c_quits_at_once(tmp_path):
-    rc, took, out = _start_and_interrupt(tmp_path, ["--set", "iterations=8"], signals=2, gap_s=0.2)
+    """The clean stop is made to hang where the CLI has caught the first Ctrl-C (a fast machine unwinds within
+    the gap between the two presses), so only the second Ctrl-C, or after GRACE_S the watchdog, ends it."""
+    rc, took, out = _start_and_interrupt(
+        tmp_path, ["--set", "iterations=8"], signals=2, gap_s=0.2, env={"TEAMRL_FAULT": "interrupted:1:hang"}
+    )
     assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the second Ctrl-C):\n{out[-3000:]}"
-    assert took < 5, out[-3000:]
+    assert took < 5, f"the second Ctrl-C waited ({took:.0f} s) for the clean stop or its watchdog:\n{out[-3000:]}"
+    assert "stopping: the current stage is abandoned" in out, out[-3000:]
     assert "Finished stages are kept" not in out, "the second Ctrl-C waited for the clean stop"
     assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
 
