@@ -64,7 +64,7 @@ def run(quick: bool = False) -> Section:
         policy.load(rd, AGENT, 0)
         with policy.materialized(AGENT):
             start = [p.detach().clone() for p in policy.parameters(AGENT)]
-        items = batch_of(rd, 1, "rollout", AGENT)
+        items, _ = batch_of(rd, 1, "rollout", AGENT)
 
         def update(world: int) -> float:
             with torch.no_grad(), policy.materialized(AGENT, modify=True):

@@ -104,6 +104,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "skipped": "no new version: no scored actions, a non-finite loss or gradient, or a trust region that "
         "could not be met",
         "reason": "why it was skipped, the step fraction kept by backtracking (`step x0.5`), or the Stage-0 summary",
+        "over_length": "samples left out of the update for being longer than `algorithm.max_sample_tokens` "
+        "(null for a Stage-0 alignment and in files written before the column)",
     },
     "align": {
         "init": "the new agent: `fresh` (a fresh LoRA adapter or a fresh copy of the base)",

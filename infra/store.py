@@ -115,6 +115,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("version_after", pa.int32()),
             pa.field("skipped", pa.bool_()),
             pa.field("reason", pa.string()),
+            pa.field("over_length", pa.int32()),
         ]
     ),
     # one row per Stage-0 alignment (flows/align.py), phase `align` at the iteration whose rollouts probed

@@ -70,6 +70,14 @@ class AlgorithmConfig(BaseModel):
         "accumulated over the minibatch; bounds activation memory)",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    max_sample_tokens: int | None = Field(
+        4096,
+        ge=16,
+        description="the longest training sample an update takes (prompt + response tokens; a MARS System-2 "
+        "trajectory joined): a longer one is left out of the update and counted in `updates.over_length`, "
+        "since one runaway context (a program printing thousands of digits) can make a training step that "
+        "exhausts the trainer's memory (None: no bound)",
+    )
 
     @model_validator(mode="after")
     def _teamtr_without_a_trust_region_is_an_ablation(self):

@@ -302,5 +302,6 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
         "version_after": version_after,
         "skipped": False,
         "reason": reason,
+        "over_length": None,
     }
     return [row]

@@ -35,6 +35,7 @@ from tasks.stage import stage
 from tasks.trust_region import kl_tok
 
 NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an update that had nothing to train on
+ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
 
 
 def train_items(df) -> list[TrainItem]:
@@ -68,9 +69,20 @@ def train_items(df) -> list[TrainItem]:
     return items
 
 
-def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> list[TrainItem]:
+def within_length(items: list[TrainItem], max_tokens: int | None) -> tuple[list[TrainItem], int]:
+    """The items of at most `max_tokens` prompt + response tokens (None: all), and how many were longer."""
+    if max_tokens is None:
+        return items, 0
+    kept = [it for it in items if len(it.prompt_ids) + len(it.response_ids) <= max_tokens]
+    return kept, len(items) - len(kept)
+
+
+def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> tuple[list[TrainItem], int]:
+    """Weights unit `unit`'s update batch, and the number of its samples left out for their length."""
+    ctx = context.of(run_dir)
     df = store.load_actions(run_dir, iteration, phase)
-    return train_items(df[df["agent"].isin(context.of(run_dir).roles_of(unit))])
+    items = train_items(df[df["agent"].isin(ctx.roles_of(unit))])
+    return within_length(items, ctx.config.algorithm.max_sample_tokens)
 
 
 def enforce_trust_region(
@@ -186,7 +198,14 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
     ctx = context.of(run_dir)
     cfg, policy = ctx.config.algorithm, ctx.policy
     policy.load(run_dir, agent, version_before)
-    items = batch_of(run_dir, iteration, phase, agent)
+    items, over_length = batch_of(run_dir, iteration, phase, agent)
+    if over_length:
+        warnings.warn(
+            f"{agent} iteration {iteration}: {over_length} sample(s) longer than algorithm.max_sample_tokens="
+            f"{cfg.max_sample_tokens} left out of the update",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     row = {
         "run_id": ctx.run_id,
         "iteration": iteration,
@@ -196,6 +215,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         "penalty": None,
         "certificate": None,
         "version_before": version_before,
+        "over_length": over_length,
     }
     if not items:
         row |= {
@@ -206,7 +226,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             "seconds": 0.0,
             "version_after": version_before,
             "skipped": True,
-            "reason": NO_SCORED_ACTIONS,
+            "reason": ALL_OVER_LENGTH if over_length else NO_SCORED_ACTIONS,
         }
     else:
         temperature = ctx.config.rollout.temperature
@@ -319,7 +339,7 @@ def train_rank(
     minibatch (infra/trainer.py `accumulate`); rank 0 keeps the result."""
     ctx = context.of(run_dir)
     ctx.policy.load(run_dir, agent, version_before)
-    items = batch_of(run_dir, iteration, phase, agent)
+    items, _ = batch_of(run_dir, iteration, phase, agent)
     # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
     spec = spec_of(
         ctx, iteration, phase, agent, version_before, rank=rank, world=world, on_step=lambda: crash_point(f"rank{rank}")

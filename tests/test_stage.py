@@ -30,6 +30,7 @@ def _update_row(iteration: int, phase: str, agent: str, after: int) -> dict:
         "version_after": after,
         "skipped": False,
         "reason": "",
+        "over_length": 0,
     }
 
 

@@ -63,6 +63,7 @@ ROWS = {
         version_after=1,
         skipped=False,
         reason="",
+        over_length=0,
     ),
     "align": dict(
         run_id="r1",
