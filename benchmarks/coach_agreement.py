@@ -13,7 +13,8 @@ rubrics, through the same code the `coach_evaluate` stage runs. Without `--base-
 Reported per mode, overall and per agent: Spearman's rank correlation of the LLM's scores with the
 answer-aware rubric's and with the episode outcome (over the actions the LLM scored), the share of
 actions left unscored (malformed replies, timeouts, errors) and seconds per action. Rows go to
-benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode); --write puts the table in
+benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode) every few episodes, and a rerun
+of the same command scores only what the file lacks (`--fresh` starts over); --write puts the table in
 benchmarks/README.md.
 """
 
@@ -62,43 +63,60 @@ def sample_episodes(run_dir: str, n_actions: int, seed: int) -> list:
     return [pool[i] for i in sorted(take)]
 
 
-def score(run_dir: str, episodes: list, base_url: str, model: str) -> pd.DataFrame:
-    """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome."""
+def _key(mode: str, e) -> tuple[str, int, str]:
+    return mode, int(e.actions[0]["iteration"]), e.episode_id  # episode ids repeat across iterations
+
+
+def score(run_dir: str, episodes: list, base_url: str, model: str, csv: Path, chunk: int = 4) -> pd.DataFrame:
+    """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome.
+    Rows are appended to `csv` every `chunk` episodes, and episodes already there are not scored again,
+    so a stopped measurement goes on where it stopped."""
     from tasks import context
     from tasks.coach import CoachConfig
     from tasks.coach_evaluate import score_clean
 
     ctx = context.of(run_dir)
     pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
-    rubric = {g: [pipe.rubric(e, g) for e in episodes] for g in (True, False)}
-    rows = []
+    done = set()
+    if csv.exists():
+        old = pd.read_csv(csv)
+        done = set(zip(old["mode"], old["iteration"].astype(int), old["episode_id"]))
     for truth in (True, False):
+        mode = "with answer" if truth else "without answer"
         cfg = CoachConfig(
             **base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
         )
-        t0 = time.perf_counter()
-        results = score_clean(run_dir, cfg, episodes)
-        wall = time.perf_counter() - t0
-        n = sum(map(len, results))
-        for i, (e, rs) in enumerate(zip(episodes, results)):
-            for a, r, aware, blind in zip(e.actions, rs, rubric[True][i], rubric[False][i]):
-                rows.append(
-                    {
-                        "mode": "with answer" if truth else "without answer",
-                        "episode_id": e.episode_id,
-                        "iteration": int(a["iteration"]),
-                        "agent": a["agent"],
-                        "llm": r.score,
-                        "status": r.status,
-                        "latency_s": r.latency_s,
-                        "wall_per_action_s": wall / n,
-                        "rubric": aware[0],
-                        "blind_rubric": blind[0],
-                        "outcome": e.outcome,
-                        "rationale": r.rationale[:200],
-                    }
-                )
-    return pd.DataFrame(rows)
+        todo = [e for e in episodes if _key(mode, e) not in done]
+        for k in range(0, len(todo), chunk):
+            part = todo[k : k + chunk]
+            t0 = time.perf_counter()
+            results = score_clean(run_dir, cfg, part)
+            per_action = (time.perf_counter() - t0) / max(1, sum(map(len, results)))
+            rows = []
+            for e, rs in zip(part, results):
+                aware, blind = pipe.rubric(e, True), pipe.rubric(e, False)
+                for a, r, (aware_score, _), (blind_score, _) in zip(e.actions, rs, aware, blind):
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "episode_id": e.episode_id,
+                            "iteration": int(a["iteration"]),
+                            "agent": a["agent"],
+                            "llm": r.score,
+                            "status": r.status,
+                            "latency_s": r.latency_s,
+                            "wall_per_action_s": per_action,
+                            "rubric": aware_score,
+                            "blind_rubric": blind_score,
+                            "outcome": e.outcome,
+                            "rationale": r.rationale[:200],
+                        }
+                    )
+            pd.DataFrame(rows).to_csv(csv, mode="a", header=not csv.exists(), index=False)
+            print(f"{mode}: {k + len(part)}/{len(todo)} episodes scored, {per_action:.1f} s per action", flush=True)
+    df = pd.read_csv(csv)
+    wanted = {_key(m, e) for m in ("with answer", "without answer") for e in episodes}
+    return df[[k in wanted for k in zip(df["mode"], df["iteration"].astype(int), df["episode_id"])]]
 
 
 def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
@@ -123,7 +141,7 @@ def table(df: pd.DataFrame) -> list[str]:
             r_out, n_out = spearman(h["llm"], h["outcome"])
             lines.append(
                 f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {r_rub:.2f} ({n_rub}) | "
-                f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].iloc[0]:.2f} |"
+                f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].mean():.2f} |"
             )
     return lines
 
@@ -136,22 +154,27 @@ def main() -> None:
     ap.add_argument("--base-url", default=None, help="an OpenAI-compatible /v1 URL (default: serve SmolLM2-135M here)")
     ap.add_argument("--model", default=None, help="the model name the server knows (default: the served folder)")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
+    ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
     args = ap.parse_args()
     run_dir = str(Path(args.run).resolve())
     episodes = sample_episodes(run_dir, args.actions, args.seed)
     if args.base_url:
-        df = score(run_dir, episodes, args.base_url, args.model or "coach")
         model = args.model or "coach"
     else:
-        from infra.local_llm import transformers_serve
         from infra.models import smollm2_dir
 
         model = str(smollm2_dir())
-        with transformers_serve(model) as url:
-            df = score(run_dir, episodes, url, model)
     OUT.mkdir(exist_ok=True)
     csv = OUT / f"{Path(run_dir).name}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
-    df.to_csv(csv, index=False)
+    if args.fresh:
+        csv.unlink(missing_ok=True)
+    if args.base_url:
+        df = score(run_dir, episodes, args.base_url, model, csv)
+    else:
+        from infra.local_llm import transformers_serve
+
+        with transformers_serve(model) as url:
+            df = score(run_dir, episodes, url, model, csv)
     command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
     text = (
         "\n".join(

@@ -1,0 +1,40 @@
+"""benchmarks/coach_agreement.py's bookkeeping against a local OpenAI-compatible server that always scores 7:
+one row per action and mode, rows written as it goes, a rerun scoring only what the CSV lacks, and the
+table read from them. The real `transformers serve` coach is tested in test_llm_coach_server.py."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_coach_faults import server  # noqa: F401 (the fixture)
+
+from benchmarks import coach_agreement as ca
+
+pytestmark = pytest.mark.slow
+
+
+def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_path):  # noqa: F811
+    _, run_dir = trained_run
+    episodes = ca.sample_episodes(str(run_dir), n_actions=6, seed=0)
+    actions = sum(len(e.actions) for e in episodes)
+    assert len(episodes) == 2 and actions == 6  # every action of whole episodes
+    csv = tmp_path / "agreement.csv"
+
+    df = ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv, chunk=1)
+    assert len(df) == 2 * actions and set(df["mode"]) == {"with answer", "without answer"}
+    assert (df["llm"] == 7).all() and (df["status"] == "ok").all()
+    assert df.groupby("mode")["agent"].apply(sorted).map(tuple).nunique() == 1  # the same actions in each mode
+    asked = server.hits["ok"]
+    assert asked == 2 * actions
+
+    ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv)  # all there: nothing asked
+    assert server.hits["ok"] == asked
+    rows = pd.read_csv(csv)
+    first = episodes[0].episode_id
+    rows[~((rows["mode"] == "without answer") & (rows["episode_id"] == first))].to_csv(csv, index=False)
+    df = ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv)  # one episode of one mode lost
+    assert server.hits["ok"] == asked + len(episodes[0].actions)
+    assert len(df) == 2 * actions and not df.duplicated(["mode", "iteration", "episode_id", "agent"]).any()
+
+    lines = ca.table(df)
+    assert lines[2].startswith(f"| with answer | all | {actions} | 0% |")
