@@ -41,10 +41,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def teamrl(*args: str) -> int:
-    """Run `teamrl ARGS` with this checkout's code (whatever else is installed), offline; its exit status."""
+    """Run `teamrl ARGS` with this checkout's code (whatever else is installed), offline; its exit status.
+    The command ends with this process however it ends (`kill` of the driver included), so that no run
+    goes on holding its run's lock; `--resume` finishes it."""
     cmd = [sys.executable, "-m", "flows.cli", *args]
     print(" ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"}).returncode
+    launcher = [sys.executable, "-I", str(ROOT / "infra" / "die_with_parent.py"), str(os.getpid())]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"}
+    return subprocess.run([*launcher, *cmd], cwd=ROOT, env=env).returncode
 
 
 def question_success(run_dir: Path) -> pd.DataFrame:

@@ -205,3 +205,41 @@ def test_ranks_benchmark_times_both_ways_and_the_start():
     assert [r["ranks x threads"] for r in s.rows] == ["1 x 2", "2 x 1", "2 x 1, start only"]
     assert all(r["s / update"] > 0 for r in s.rows) and s.rows[0]["trained tokens"] == s.rows[1]["trained tokens"] > 0
     assert "2 ranks / 1 rank, time of one update" in s.notes[0]
+
+
+@pytest.mark.slow
+def test_a_killed_driver_takes_its_training_run_with_it(tmp_path):
+    """benchmarks' `teamrl(...)` (strategies.py, coach_evidence.py): a driver killed mid-run leaves no
+    `teamrl train` behind holding the run's lock, so the same command resumes it."""
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks.coach_evidence import teamrl; "
+        "teamrl('train', 'tiny', '--set', 'run.dir=' + sys.argv[2], '--set', 'run.id=k')"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path)], stdout=subprocess.DEVNULL)
+
+    def trainers() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", f"run.dir={tmp_path}"], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split() if int(p) != driver.pid]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "k" / "config.yaml").exists():  # the run has started and holds its lock
+            assert driver.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        assert trainers()
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 30
+        while trainers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not trainers(), "the training run outlived its killed driver"
+    finally:
+        driver.kill()
+        for pid in trainers():
+            os.kill(pid, signal.SIGKILL)
