@@ -82,8 +82,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "reward": "the action's scalar score s(a) (REINFORCE++, GRPO, RLOO) or its trajectory's reward "
         "(`grpo_trajectory`); null without a score",
         "advantages": "per-token advantages the loss uses (zeros where the action has no score)",
-        "raw_advantages": "the same before any division by a standard deviation, in the reward's units (the "
-        "certificate's); null without a score",
+        "raw_advantages": "the same before any division by a standard deviation, in the reward's units; null "
+        "without a score",
         "loss_mask": "1 on tokens the loss covers, 0 elsewhere",
         "weight": "how many times the action enters its update batch: 1, 0 (no score, or dropped by balanced "
         "sampling) or the duplication count of MARS's balanced sampling",
@@ -91,8 +91,10 @@ COLUMNS: dict[str, dict[str, str]] = {
     "updates": {
         "agent": "the weights unit updated: an agent, or the model several roles share (MARS `shared`)",
         "strategy": "`joint`, `stale`, `teamtr`, or `stage0` for an alignment",
-        "kl": "the token KL of the update on its batch after the step (k3 estimate); Stage-0: the reverse KL after",
-        "surrogate_gain": "mean over episodes of the sum over the unit's tokens of (rho - 1) A, in reward units",
+        "kl": "the token KL of the update after the step (k3 estimate): with a trust region, on the trained batch "
+        "(what `kl_delta` bounds); without, on every action of the unit; Stage-0: the reverse KL after",
+        "surrogate_gain": "mean over episodes of the sum over the unit's tokens of (rho - 1) A, A the advantage of the "
+        "team's return (every agent's rewards), in reward units",
         "penalty": "the certificate's penalty: occupancy shift plus sampling error (`stale`, `teamtr` only)",
         "certificate": "surrogate_gain - penalty: a 95% lower bound on the update's true improvement (`stale`, "
         "`teamtr` only)",

@@ -1,9 +1,10 @@
 """TeamTR's improvement certificate: a lower bound on what one agent's update does to the team's return,
 estimated from the update's own batch, in the units of the reward.
 
-Setting. A team takes turns on one shared context; an episode's return is the sum of the rewards the
-advantages are built from (coach score / 10 on an action's last token, minus the KL shaping), and J(pi)
-is its expectation under the team pi. Agent i's update turns the team pi^{i-1} into pi^i. The batch was
+Setting. A team takes turns on one shared context; an episode's return is the sum of every agent's
+rewards, as training builds them (an action's blended score on its last token, a trajectory reward once
+on the episode's last action, minus beta times each token's KL to the reference), and J(pi) is its
+expectation under the team pi. Agent i's update turns the team pi^{i-1} into pi^i. The batch was
 sampled by the team pi^b: pi^b = pi^{i-1} when it was resampled just before the update (`teamtr`), the
 stage-start team when it was cached (`stale`), in which case the agents C updated since then differ.
 Every token t the agents in C + {i} wrote in the batch has a ratio rho_t = pi_now(a_t|s_t) / pi^b(a_t|s_t)
@@ -30,9 +31,12 @@ already updated since the batch was sampled. For `teamtr`, C is empty and only t
 Estimate. certificate = mean(X - span * Y) - z * se: a one-sided lower confidence bound (z = 1.645: 95%),
 se the standard error of the mean with episodes clustered by group (a group's episodes share a question
 and a baseline). Assumptions: groups are independent draws, their number is large enough for the normal
-approximation, A is an unbiased advantage in reward units (columns `raw_advantages`: the estimator's
-value before dividing by a standard deviation), and returns lie within `span` (rewards in [0, 1]: span
-1, widened to the batch's observed range where the KL shaping makes it wider). The batch is the one the
+approximation, A is an unbiased advantage of the team's return (`team_advantages`: the team's
+return-to-go from the stored rewards and log-probs, minus a baseline from the group's other episodes;
+not the estimator's per-agent advantages, which leave out what an action does to later agents'
+rewards), and returns lie within `span` (each action's reward in [0, 1], so the most scored actions of an
+episode, one for a trajectory reward; widened to the batch's observed range where the KL shaping makes
+it wider). The batch is the one the
 update was fitted to, so the gain is optimistic by however much the update fitted its noise; the bound
 does not correct for that (benchmarks/certificate_check.py measures it on stored runs against the next
 fresh batch). A stage's certificate (Theorem 3.6) is the sum of its updates'; each holds at
@@ -81,6 +85,33 @@ def episode_terms(segments: list[Segment], acting: str, changed: set[str]) -> tu
     x = float(np.sum(np.where(mine, (rho - 1) * adv, 0.0)))  # X = sum_{h in I_i} (rho_h - 1) A_h
     y = float(np.sum(np.where(mine, dev * (after + stale), 0.0)))
     return x, y
+
+
+def team_advantages(
+    rewards: dict[str, list[np.ndarray]], turns: dict[str, list[int]], groups: dict[str, str]
+) -> dict[str, list[np.ndarray]]:
+    """Per episode and action (turn order), the advantage of every token for the team's return:
+    A_t = G_t - b, with G_t the sum of every later token reward of the episode, every agent's (the team's
+    return-to-go, what J sums), and b the mean, over the group's other episodes, of the return from the
+    start of the same turn (0 where none has it). b does not depend on the episode's own actions, so
+    E_b[(rho_t - 1) b] = 0 and X stays an unbiased estimate of the surrogate; an agent's own return-to-go
+    would leave out what its action does to the later agents' rewards."""
+    returns: dict[str, list[np.ndarray]] = {}
+    start: dict[tuple[str, int], dict[str, float]] = {}  # (group, turn) -> {episode: return from the turn's start}
+    for e, rs in rewards.items():
+        flat = np.concatenate(rs) if rs else np.zeros(0)
+        g = np.cumsum(flat[::-1])[::-1]  # G_t = sum_{t' >= t} r_t'
+        cuts = np.cumsum([0, *map(len, rs)])
+        returns[e] = [g[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        for turn, part in zip(turns[e], returns[e]):
+            start.setdefault((groups[e], turn), {})[e] = float(part[0]) if len(part) else 0.0
+    out: dict[str, list[np.ndarray]] = {}
+    for e, parts in returns.items():
+        out[e] = []
+        for turn, part in zip(turns[e], parts):
+            others = [v for o, v in start[(groups[e], turn)].items() if o != e]
+            out[e].append(part - (float(np.mean(others)) if others else 0.0))
+    return out
 
 
 @dataclass

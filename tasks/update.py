@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
+import pandas as pd
 import torch
 
 from infra import store
@@ -28,7 +29,8 @@ from infra.progress import progress_bar
 from infra.ranks import ray_ranks, spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
-from tasks.certificate import Bound, Segment, bound, episode_terms
+from tasks.advantages import TRAJECTORY_ESTIMATORS, kl_penalty, token_rewards
+from tasks.certificate import Bound, Segment, bound, episode_terms, team_advantages
 from tasks.decoupled import Turn, join_turns
 from tasks.losses import LOSSES
 from tasks.stage import stage
@@ -36,6 +38,7 @@ from tasks.trust_region import kl_tok
 
 NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an update that had nothing to train on
 ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
+NOT_MEASURED = "an action longer than algorithm.max_sample_tokens, or none scored"
 
 
 def train_items(df) -> list[TrainItem]:
@@ -142,6 +145,25 @@ def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict
     }
 
 
+def episode_rewards(df, beta: float, kl_estimator: str, trajectory: bool) -> dict[str, list[np.ndarray]]:
+    """Each episode's token rewards per action in turn order, as training builds them: r = -beta * KL per
+    token plus the action's reward (`advantages.reward`; unscored: none) on its last token; a trajectory
+    reward is the episode's, counted once, on its last action."""
+    out: dict[str, list[np.ndarray]] = {}
+    for e, g in df.sort_values("turn").groupby("episode_id", sort=False):
+        records = g.to_dict("records")
+        scores = [float(r["reward"]) if r["reward"] is not None and not pd.isna(r["reward"]) else 0.0 for r in records]
+        if trajectory:
+            scores = [0.0] * (len(scores) - 1) + scores[-1:]
+        rs = []
+        for r, score in zip(records, scores):
+            logp, ref = np.asarray(r["logprobs"], np.float64), r["ref_logprobs"]
+            kl = kl_penalty(logp, np.asarray(ref, np.float64), kl_estimator) if beta and ref is not None else 0 * logp
+            rs.append(token_rewards(kl, score, beta))
+        out[str(e)] = rs
+    return out
+
+
 def measure_update(
     policy,
     run_dir: str,
@@ -152,19 +174,25 @@ def measure_update(
     temperature: float,
     micro_batch_size: int,
 ) -> tuple[float | None, Bound | None]:
-    """After an update of weights unit `agent`: the token KL on its batch (the actions of every role it
-    plays) and the bound of tasks/certificate.py, with the units `changed` since the batch was sampled
-    loaded at their new versions; the bound's agents are weights units. An unscored action has no advantage:
-    it adds nothing to the gain, while its tokens still count in the occupancy penalty. (None, None) for a
-    batch without raw advantages (written before they were recorded)."""
+    """After an update of weights unit `agent`: the token KL on its actions and the bound of
+    tasks/certificate.py, with the units `changed` since the batch was sampled loaded at their new
+    versions; the bound's agents are weights units and its advantages the team's (`team_advantages`).
+    (None, None) when the unit has no scored action, or when an action of the unit or of `changed` is
+    longer than algorithm.max_sample_tokens (its forward pass could exhaust memory, and the bound needs
+    every token's ratio)."""
+    ctx = context.of(run_dir)
+    cfg = ctx.config.algorithm
     df = store.load_actions(run_dir, iteration, phase)
-    df = df.assign(unit=df["agent"].map(context.of(run_dir).weights), scored=df["raw_advantages"].notna())
+    df = df.assign(unit=df["agent"].map(ctx.weights), scored=df["reward"].notna())
     mine = df[df["unit"] == agent].to_dict("records")
-    scored = [r for r in mine if r["scored"]]
-    if not scored:
+    if not any(r["scored"] for r in mine):
         return None, None
     episodes = {r["episode_id"] for r in mine}
     others = [r for r in df[df["unit"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
+    if cfg.max_sample_tokens is not None and any(
+        len(r["prompt_ids"]) + len(r["response_ids"]) > cfg.max_sample_tokens for r in mine + others
+    ):
+        return None, None
     ratios = dict(zip(map(id, mine), _ratios(policy, agent, mine, temperature, micro_batch_size)))
     for other, version in changed.items():
         policy.load(run_dir, other, version)
@@ -172,18 +200,22 @@ def measure_update(
         ratios |= dict(zip(map(id, rows), _ratios(policy, other, rows, temperature, micro_batch_size)))
     rho = np.concatenate([ratios[id(r)] for r in mine])
     kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
+    trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
+    team = df[df["episode_id"].isin(episodes)]
+    rewards = episode_rewards(team, cfg.kl_coef, cfg.kl_estimator, trajectory)
+    group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
+    turns = {e: sorted(int(t) for t in g["turn"]) for e, g in team.groupby("episode_id")}
+    adv = team_advantages(rewards, turns, {e: str(group[e]) for e in rewards})
+    adv_of = {(e, t): a for e in adv for t, a in zip(turns[e], adv[e])}
     segments: dict[str, list[Segment]] = {}
     for r in sorted(mine + others, key=lambda r: (r["episode_id"], r["turn"])):
-        adv = None
-        if r["unit"] == agent:
-            adv = np.asarray(r["raw_advantages"], np.float64) if r["scored"] else np.zeros(len(r["response_ids"]))
-        segments.setdefault(r["episode_id"], []).append(Segment(r["unit"], ratios[id(r)], adv))
+        a = adv_of[(r["episode_id"], int(r["turn"]))] if r["unit"] == agent else None
+        segments.setdefault(r["episode_id"], []).append(Segment(r["unit"], ratios[id(r)], a))
     x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
-    group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
-    raw = np.concatenate([np.asarray(r["raw_advantages"], np.float64) for r in scored])
-    span = (
-        max(1.0, float(raw.max() - raw.min())) if len(raw) else 1.0
-    )  # rewards in [0, 1], or what the KL shaping widened
+    # the range of a return from any point: each action's reward in [0, 1], widened where the KL shaping does
+    scored_per_episode = 1 if trajectory else int(team.groupby("episode_id")["scored"].sum().max())
+    returns = np.concatenate([[0.0], *(np.cumsum(np.concatenate(rs)[::-1]) for rs in rewards.values() if rs)])
+    span = max(1.0, float(scored_per_episode), float(returns.max() - returns.min()))
     return kl, bound(x, y, [str(group[e]) for e in segments], span)
 
 
@@ -274,10 +306,12 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             measured, b = measure_update(
                 policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size
             )
+            if b is None and sequential and items:
+                row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + NOT_MEASURED]))
             if b is not None:
                 cert = b.certificate if sequential and math.isfinite(b.certificate) else None
                 row |= {
-                    "kl": measured,
+                    "kl": row["kl"] if row["kl"] is not None else measured,  # with a trust region: the KL it held
                     "surrogate_gain": b.gain,
                     "penalty": b.penalty if cert is not None else None,
                     "certificate": cert,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.certificate import Z95, Segment, bound, cluster_se, episode_terms
+from tasks.certificate import Z95, Segment, bound, cluster_se, episode_terms, team_advantages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import certificate_truth as truth  # noqa: E402
@@ -48,6 +48,51 @@ def test_cluster_se_and_bound_hand_computed():
     assert (b.gain, b.penalty_occ) == (pytest.approx(3.0), pytest.approx(1.0))
     assert b.penalty_est == pytest.approx(Z95 * 1.0)  # se of X - span Y: the same deviations
     assert b.certificate == pytest.approx(3.0 - 1.0 - Z95)
+
+
+def test_team_advantages_hand_computed():
+    """G_t sums every later token reward of the episode, every agent's; b is the mean over the group's other
+    episodes of the return from the start of the same turn."""
+    rewards = {
+        "e1": [np.array([0.0, 1.0]), np.array([0.5])],  # turn 0 (two tokens), turn 1
+        "e2": [np.array([0.0, 0.0]), np.array([1.0])],
+        "e3": [np.array([2.0])],  # another group
+    }
+    turns = {"e1": [0, 1], "e2": [0, 1], "e3": [0]}
+    adv = team_advantages(rewards, turns, {"e1": "g", "e2": "g", "e3": "h"})
+    # e1: G = [1.5, 1.5 | 0.5]; e2: G = [1.0, 1.0 | 1.0]; baselines from the other episode of the group
+    np.testing.assert_allclose(adv["e1"][0], [1.5 - 1.0, 1.5 - 1.0])
+    np.testing.assert_allclose(adv["e1"][1], [0.5 - 1.0])
+    np.testing.assert_allclose(adv["e2"][0], [1.0 - 1.5, 1.0 - 1.5])
+    np.testing.assert_allclose(adv["e2"][1], [1.0 - 0.5])
+    np.testing.assert_allclose(adv["e3"][0], [2.0])  # alone in its group: no baseline
+
+
+def test_the_team_advantage_certifies_what_an_agents_own_advantage_would_overstate():
+    """Agent a writes one token, y (a's reward 1.0) or x (0.5); agent b is then rewarded 1 after x, 0 after y.
+    a's update moves P(y) from 0.5 to 0.6, so J falls by 0.1 * (1.5 - 1.0) = 0.05. The surrogate built on the
+    team's advantage estimates that fall and the bound stays below it; a's own advantage (its reward minus a
+    baseline) sees only a's part and would certify a gain of about +0.05."""
+    rng = np.random.default_rng(0)
+    n, size = 4000, 4
+    took_y = rng.random(n) < 0.5
+    rho = np.where(took_y, 0.6 / 0.5, 0.4 / 0.5)
+    own = np.where(took_y, 1.0, 0.5)
+    rewards = {f"e{k}": [np.array([own[k]]), np.array([0.0 if took_y[k] else 1.0])] for k in range(n)}
+    groups = {f"e{k}": f"g{k // size}" for k in range(n)}
+    adv = team_advantages(rewards, {e: [0, 1] for e in rewards}, groups)
+    terms = [
+        episode_terms([Segment("a", np.array([rho[k]]), adv[f"e{k}"][0]), Segment("b", np.array([1.0]))], "a", set())
+        for k in range(n)
+    ]
+    x, y = map(np.array, zip(*terms))
+    b = bound(x, y, list(groups.values()), span=2.0)
+    true_change = 0.1 * (1.0 - 1.5)
+    assert b.penalty_occ == 0.0  # a has no later tokens, b was not changed
+    assert abs(b.gain - true_change) < 3 * b.penalty_est / Z95
+    assert b.certificate <= true_change
+    own_gain = np.mean((rho - 1) * (own - own.mean()))
+    assert own_gain > 0.04  # what the per-agent advantage would have reported as a gain
 
 
 def test_exact_penalty_matches_monte_carlo():
