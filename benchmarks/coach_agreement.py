@@ -35,39 +35,44 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_section  # noqa: E402
+from pipelines.base import Episode  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "coach_agreement"
 README = ROOT / "benchmarks" / "README.md"
 SECTION = "## The LLM coach against the rubric (`benchmarks/coach_agreement.py`)"
 
 
-def sample_episodes(run_dir: str, n_actions: int, seed: int) -> list:
-    """Training episodes of the run (rollouts and resamples, no infrastructure fault), enough of them
-    for `n_actions` actions, drawn with `seed`."""
+def sample_episodes(run_dirs: list[str], n_actions: int, seed: int) -> list[tuple[str, Episode]]:
+    """(run, episode) pairs: training episodes of the runs (rollouts and resamples, no infrastructure
+    fault), enough of them for `n_actions` actions, drawn with `seed`; all of them when there are fewer."""
     from infra import store
     from tasks.coach_evaluate import load_partition_episodes
 
-    eps = store.read_table(run_dir, "episodes")
-    parts = eps[(eps["phase"] == "rollout") | eps["phase"].str.startswith("resample")][["iteration", "phase"]]
-    pool = [
-        e
-        for it, ph in sorted(set(map(tuple, parts.to_numpy())))
-        for e in load_partition_episodes(run_dir, int(it), str(ph))
-        if not e.infra_error
-    ]
+    pool = []
+    for run_dir in run_dirs:
+        eps = store.read_table(run_dir, "episodes")
+        parts = eps[(eps["phase"] == "rollout") | eps["phase"].str.startswith("resample")][["iteration", "phase"]]
+        pool += [
+            (run_dir, e)
+            for it, ph in sorted(set(map(tuple, parts.to_numpy())))
+            for e in load_partition_episodes(run_dir, int(it), str(ph))
+            if not e.infra_error
+        ]
     if not pool:
-        raise SystemExit(f"{run_dir}: no training episodes to score")
-    per = max(1, len(pool[0].actions))
+        raise SystemExit(f"{', '.join(run_dirs)}: no training episodes to score")
+    per = max(1, len(pool[0][1].actions))
+    if len(pool) * per < n_actions:
+        print(f"note: the runs hold {len(pool) * per} actions, fewer than the {n_actions} asked for", flush=True)
     rng = np.random.default_rng(seed)
     take = rng.choice(len(pool), size=min(len(pool), math.ceil(n_actions / per)), replace=False)
     return [pool[i] for i in sorted(take)]
 
 
-def _key(mode: str, e) -> tuple[str, int, str]:
-    return mode, int(e.actions[0]["iteration"]), e.episode_id  # episode ids repeat across iterations
+def _key(mode: str, run_dir: str, e: Episode) -> tuple[str, str, int, str]:
+    return mode, Path(run_dir).name, int(e.actions[0]["iteration"]), e.episode_id  # ids repeat across iterations
 
 
-def score(run_dir: str, episodes: list, base_url: str, model: str, csv: Path, chunk: int = 4) -> pd.DataFrame:
+def score(episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: Path, chunk: int = 4) -> pd.DataFrame:
     """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome.
     Rows are appended to `csv` every `chunk` episodes, and episodes already there are not scored again,
     so a stopped measurement goes on where it stopped."""
@@ -75,18 +80,18 @@ def score(run_dir: str, episodes: list, base_url: str, model: str, csv: Path, ch
     from tasks.coach import CoachConfig
     from tasks.coach_evaluate import score_clean
 
-    ctx = context.of(run_dir)
-    pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
     done = set()
     if csv.exists():
         old = pd.read_csv(csv)
-        done = set(zip(old["mode"], old["iteration"].astype(int), old["episode_id"]))
-    for truth in (True, False):
+        done = set(zip(old["mode"], old["run"], old["iteration"].astype(int), old["episode_id"]))
+    for truth, run_dir in [(t, r) for t in (True, False) for r in dict.fromkeys(r for r, _ in episodes)]:
         mode = "with answer" if truth else "without answer"
+        ctx = context.of(run_dir)
+        pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
         cfg = CoachConfig(
             **base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
         )
-        todo = [e for e in episodes if _key(mode, e) not in done]
+        todo = [e for r, e in episodes if r == run_dir and _key(mode, r, e) not in done]
         for k in range(0, len(todo), chunk):
             part = todo[k : k + chunk]
             t0 = time.perf_counter()
@@ -99,6 +104,7 @@ def score(run_dir: str, episodes: list, base_url: str, model: str, csv: Path, ch
                     rows.append(
                         {
                             "mode": mode,
+                            "run": Path(run_dir).name,
                             "episode_id": e.episode_id,
                             "iteration": int(a["iteration"]),
                             "agent": a["agent"],
@@ -113,10 +119,15 @@ def score(run_dir: str, episodes: list, base_url: str, model: str, csv: Path, ch
                         }
                     )
             pd.DataFrame(rows).to_csv(csv, mode="a", header=not csv.exists(), index=False)
-            print(f"{mode}: {k + len(part)}/{len(todo)} episodes scored, {per_action:.1f} s per action", flush=True)
+            print(
+                f"{mode}, {Path(run_dir).name}: {k + len(part)}/{len(todo)} episodes scored, "
+                f"{per_action:.1f} s per action",
+                flush=True,
+            )
     df = pd.read_csv(csv)
-    wanted = {_key(m, e) for m in ("with answer", "without answer") for e in episodes}
-    return df[[k in wanted for k in zip(df["mode"], df["iteration"].astype(int), df["episode_id"])]]
+    wanted = {_key(m, r, e) for m in ("with answer", "without answer") for r, e in episodes}
+    keys = zip(df["mode"], df["run"], df["iteration"].astype(int), df["episode_id"])
+    return df[[k in wanted for k in keys]]
 
 
 def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
@@ -148,7 +159,7 @@ def table(df: pd.DataFrame) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", required=True, help="a run folder with training partitions")
+    ap.add_argument("--run", required=True, nargs="+", help="run folders with training partitions (pooled)")
     ap.add_argument("--actions", type=int, default=510, help="actions to score (rounded up to whole episodes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--base-url", default=None, help="an OpenAI-compatible /v1 URL (default: serve SmolLM2-135M here)")
@@ -156,8 +167,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
     ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
     args = ap.parse_args()
-    run_dir = str(Path(args.run).resolve())
-    episodes = sample_episodes(run_dir, args.actions, args.seed)
+    run_dirs = [str(Path(r).resolve()) for r in args.run]
+    episodes = sample_episodes(run_dirs, args.actions, args.seed)
     if args.base_url:
         model = args.model or "coach"
     else:
@@ -165,16 +176,17 @@ def main() -> None:
 
         model = str(smollm2_dir())
     OUT.mkdir(exist_ok=True)
-    csv = OUT / f"{Path(run_dir).name}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
+    runs = "+".join(Path(r).name for r in run_dirs)
+    csv = OUT / f"{runs}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
     if args.fresh:
         csv.unlink(missing_ok=True)
     if args.base_url:
-        df = score(run_dir, episodes, args.base_url, model, csv)
+        df = score(episodes, args.base_url, model, csv)
     else:
         from infra.local_llm import transformers_serve
 
         with transformers_serve(model) as url:
-            df = score(run_dir, episodes, url, model, csv)
+            df = score(episodes, url, model, csv)
     command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
     text = (
         "\n".join(
@@ -183,7 +195,7 @@ def main() -> None:
                 "",
                 (
                     f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
-                    f"{len(episodes)} episodes of `{Path(run_dir).name}`; {platform.machine()}, "
+                    f"{len(episodes)} episodes of `{runs}`; {platform.machine()}, "
                     f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`."
                 ),
                 "",

@@ -15,26 +15,26 @@ pytestmark = pytest.mark.slow
 
 def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_path):  # noqa: F811
     _, run_dir = trained_run
-    episodes = ca.sample_episodes(str(run_dir), n_actions=6, seed=0)
-    actions = sum(len(e.actions) for e in episodes)
+    episodes = ca.sample_episodes([str(run_dir)], n_actions=6, seed=0)
+    actions = sum(len(e.actions) for _, e in episodes)
     assert len(episodes) == 2 and actions == 6  # every action of whole episodes
     csv = tmp_path / "agreement.csv"
 
-    df = ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv, chunk=1)
+    df = ca.score(episodes, server.url("ok"), "coach", csv, chunk=1)
     assert len(df) == 2 * actions and set(df["mode"]) == {"with answer", "without answer"}
     assert (df["llm"] == 7).all() and (df["status"] == "ok").all()
     assert df.groupby("mode")["agent"].apply(sorted).map(tuple).nunique() == 1  # the same actions in each mode
     asked = server.hits["ok"]
     assert asked == 2 * actions
 
-    ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv)  # all there: nothing asked
+    ca.score(episodes, server.url("ok"), "coach", csv)  # all there: nothing asked
     assert server.hits["ok"] == asked
     rows = pd.read_csv(csv)
-    first = episodes[0].episode_id
+    first = episodes[0][1].episode_id
     rows[~((rows["mode"] == "without answer") & (rows["episode_id"] == first))].to_csv(csv, index=False)
-    df = ca.score(str(run_dir), episodes, server.url("ok"), "coach", csv)  # one episode of one mode lost
-    assert server.hits["ok"] == asked + len(episodes[0].actions)
-    assert len(df) == 2 * actions and not df.duplicated(["mode", "iteration", "episode_id", "agent"]).any()
+    df = ca.score(episodes, server.url("ok"), "coach", csv)  # one episode of one mode lost
+    assert server.hits["ok"] == asked + len(episodes[0][1].actions)
+    assert len(df) == 2 * actions and not df.duplicated(["mode", "run", "iteration", "episode_id", "agent"]).any()
 
     lines = ca.table(df)
     assert lines[2].startswith(f"| with answer | all | {actions} | 0% |")
