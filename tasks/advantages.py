@@ -76,14 +76,16 @@ def returns_to_go(rewards: np.ndarray) -> np.ndarray:
     return np.cumsum(rewards[::-1])[::-1].copy()
 
 
-def whiten(values: list[np.ndarray], eps: float = 1e-6, scale: bool = True) -> list[np.ndarray]:
-    """(x - mean) / (std + eps) with mean and std over every token of the whole batch (scale=False:
-    x - mean, in the reward's units)."""
+def whiten(values: list[np.ndarray], eps: float = 1e-6, scale: bool = True, min_std: float = 0.0) -> list[np.ndarray]:
+    """(x - mean) / (std + eps) with mean and std over every token of the whole batch (scale=False, or a
+    std below `min_std`: x - mean, in the reward's units)."""
     flat = np.concatenate(values) if values else np.zeros(0)
     if flat.size == 0:
         return values
-    mean, std = flat.mean(), (flat.std() + eps if scale else 1.0)
-    return [(v - mean) / std for v in values]
+    mean, std = flat.mean(), flat.std()
+    # a batch whose returns barely vary (equal scores, only KL noise) is not blown up to unit advantages
+    div = std + eps if scale and std >= min_std else 1.0
+    return [(v - mean) / div for v in values]
 
 
 # algorithm.estimator -> fn(samples, **kwargs) -> one advantage array per sample
@@ -99,8 +101,10 @@ def reinforce_pp(
     return_scope: str = "action",
     eps: float = 1e-6,
     scale: bool = True,
+    min_std: float = 0.0,
 ) -> list[np.ndarray]:
-    """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline)."""
+    """REINFORCE++: KL-shaped token rewards, return-to-go, batch-normalised (no group baseline); a batch
+    whose returns' std is below `min_std` is only centred."""
     rewards = [token_rewards(action_kl(s, beta, kl_estimator), score_of(s), beta) for s in samples]
     returns: list[np.ndarray]
     if return_scope == "action":
@@ -119,7 +123,7 @@ def reinforce_pp(
                 start += len(rewards[i])
     else:
         raise ValueError(f"unknown return_scope {return_scope!r}")
-    return whiten(returns, eps, scale)
+    return whiten(returns, eps, scale, min_std)
 
 
 def _groups(samples: list[Sample]) -> dict[tuple[str, str], list[int]]:

@@ -59,6 +59,13 @@ class AlgorithmConfig(BaseModel):
     loss: str = Field("ppo_clip", description="policy loss from the registry (tasks/losses.py LOSSES): ppo_clip")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon")
     whiten_eps: float = Field(1e-6, gt=0, description="epsilon added to the std when normalising advantages")
+    whiten_min_std: float = Field(
+        0.0,
+        ge=0,
+        description="reinforce_pp: a batch whose returns' std (reward units) is below this is only centred, "
+        "not divided by its std; with equal scores the returns differ only by the KL shaping, which "
+        "whitening would blow up to unit advantages (0: always divide, as OpenRLHF and verl do)",
+    )
     lr: float = Field(2e-4, gt=0, le=1, description="AdamW learning rate of each agent's trainable weights")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     epochs: int = Field(1, ge=1, le=100, description="passes over the agent's batch per update")

@@ -48,10 +48,14 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
                 )
             )
         kwargs = dict(
-            beta=cfg.kl_coef, kl_estimator=cfg.kl_estimator, return_scope=cfg.return_scope, eps=cfg.whiten_eps
+            beta=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            return_scope=cfg.return_scope,
+            eps=cfg.whiten_eps,
+            min_std=cfg.whiten_min_std,
         )
         advs = estimate(cfg.estimator, samples, **kwargs)
-        raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # the certificate's, in reward units
+        raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # in reward units: raw_advantages
         for r, smp, a, raw in zip(recs, samples, advs, raws):
             n = len(r["response_ids"])
             rows.append(

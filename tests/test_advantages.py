@@ -98,6 +98,24 @@ def test_whiten_over_the_whole_batch():
     assert whiten([]) == []
 
 
+def test_whiten_below_min_std_only_centres():
+    values = [np.array([1.0, 1.002]), np.array([0.998])]  # mean 1, std 0.0016
+    close(whiten(values, eps=0.0, min_std=0.01), [[0.0, 0.002], [-0.002]])
+    close(whiten(values, eps=0.0, min_std=0.001), whiten(values, eps=0.0))  # above it: divided as before
+
+
+def test_reinforce_pp_with_equal_scores_keeps_kl_noise_small_under_min_std():
+    """Two actions scored alike: the returns differ only by the KL shaping, which plain whitening scales up
+    to unit advantages; with whiten_min_std they stay in the reward's units."""
+    rng = np.random.default_rng(0)
+    samples = [S(1.0, n, ep=f"e{n}", logp=-1 - rng.uniform(0, 0.02, n), ref=np.full(n, -1.0)) for n in (5, 20)]
+    plain = np.concatenate(reinforce_pp(samples, beta=0.01, eps=1e-6))
+    guarded = np.concatenate(reinforce_pp(samples, beta=0.01, eps=1e-6, min_std=0.01))
+    assert np.abs(plain).max() > 1.0 and np.abs(guarded).max() < 1e-2
+    varied = [S(1.0, 5, ep="a"), S(0.0, 5, ep="b")]  # real score variance: whitened either way
+    close(reinforce_pp(varied, min_std=0.01), reinforce_pp(varied))
+
+
 def test_reinforce_pp_action_scope_with_kl():
     a = S(1.0, n=2)  # zero KL: r = [0, 1]        -> G = [1, 1]
     b = S(0.0, n=1, logp=[-1.0], ref=[-2.0])  # k1 = 1: r = [-0.5*1 + 0]  -> G = [-0.5]
