@@ -31,7 +31,8 @@ def crash_point(point: str) -> None:
     spec = os.environ.get("TEAMRL_FAULT")
     if not spec:
         return
-    name, nth, how = (spec.split(":") + ["1", "kill"])[:3]
+    parts = spec.split(":")
+    name, nth, how = parts[0], (parts[1:2] or ["1"])[0], (parts[2:3] or ["kill"])[0]
     if name != point:
         return
     _hits[point] = _hits.get(point, 0) + 1

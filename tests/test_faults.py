@@ -33,13 +33,14 @@ def test_hang_sleeps_at_the_nth_hit_only(monkeypatch):
     assert slept == [3600]
 
 
-def test_kill_is_the_default_action(monkeypatch):
+@pytest.mark.parametrize("spec, fires_at", [("partition", 1), ("partition:3", 3)])
+def test_kill_is_the_default_action(monkeypatch, spec, fires_at):
     sent = []
     monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append(sig))
-    monkeypatch.setenv("TEAMRL_FAULT", "partition")
-    faults.crash_point("partition")
-    faults.crash_point("partition")
-    assert sent == [faults.signal.SIGKILL]
+    monkeypatch.setenv("TEAMRL_FAULT", spec)
+    for hit in range(1, 5):
+        faults.crash_point("partition")
+        assert sent == ([faults.signal.SIGKILL] if hit >= fires_at else [])
 
 
 def test_an_unknown_action_is_refused_by_name(monkeypatch):
