@@ -27,7 +27,8 @@ def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
     port = free_port()
     exe = Path(sys.executable).parent / "transformers"
     # the server ends with this process however it ends (infra/die_with_parent.py), not only at the block's exit
-    launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid())]
+    # (SIGKILL: on SIGTERM it would first finish every generation queued by the dead process)
+    launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid()), "--kill"]
     proc = subprocess.Popen(
         [*launcher, str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
         stdout=subprocess.DEVNULL,
