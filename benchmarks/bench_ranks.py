@@ -73,8 +73,12 @@ def run(quick: bool = False) -> Section:
             spec = spec_of(ctx, 1, "rollout", AGENT, 0, world=world)
             t0 = time.perf_counter()
             if world == 1:
+                saved = torch.get_num_threads()  # the caller's (a test session's) thread count is left as it was
                 torch.set_num_threads(threads)
-                ctx.trainer().train(policy, AGENT, items, loss_of(ctx), spec)
+                try:
+                    ctx.trainer().train(policy, AGENT, items, loss_of(ctx), spec)
+                finally:
+                    torch.set_num_threads(saved)
             else:
                 with spawn_ranks(world, threads // world, train_rank, (rd, 1, "rollout", AGENT, 0)):
                     ctx.trainer().train(policy, AGENT, items, loss_of(ctx), spec)

@@ -199,9 +199,13 @@ def test_coach_load_counts_one_call_per_action_with_its_chat(trained_run):
 
 @pytest.mark.slow
 def test_ranks_benchmark_times_both_ways_and_the_start():
+    import torch
+
     from benchmarks import bench_ranks
 
+    threads = torch.get_num_threads()
     s = bench_ranks.run(quick=True)
+    assert torch.get_num_threads() == threads  # later in-process runs keep the session's float path
     assert [r["ranks x threads"] for r in s.rows] == ["1 x 2", "2 x 1", "2 x 1, start only"]
     assert all(r["s / update"] > 0 for r in s.rows) and s.rows[0]["trained tokens"] == s.rows[1]["trained tokens"] > 0
     assert "2 ranks / 1 rank, time of one update" in s.notes[0]
