@@ -5,7 +5,6 @@ marked Crashed when the run is resumed. These run the whole CLI; the Ctrl-C hand
 child interpreters, is in test_interrupts_handler.py."""
 
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +19,7 @@ from test_resume_faults import REPO, _teamrl, assert_same_as_uninterrupted
 pytestmark = pytest.mark.slow
 
 STOP_S = 20  # "within a few seconds", generous for a loaded machine
+STOPPING = "stopping: the current stage is abandoned"  # what the first Ctrl-C prints (infra/interrupt.py)
 # A terminal's foreground job gets Ctrl-C; a shell's background job (`cmd &`, as a CI runner may start the
 # suite) inherits SIGINT ignored, which Python and teamrl then respect. The children here are foreground jobs.
 FOREGROUND = [
@@ -77,8 +77,8 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.2)
             for n in range(signals):
-                if n:
-                    _wait_delivered(proc.pid, signal.SIGINT)
+                if n:  # as a person presses again: once the first Ctrl-C's clean stop says it has begun
+                    _wait_for_text(log, STOPPING, proc)
                     time.sleep(gap_s)
                 os.killpg(proc.pid, signal.SIGINT)
             t0 = time.monotonic()
@@ -94,21 +94,16 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
                 pass
 
 
-def _wait_delivered(pid: int, signum: int, timeout_s: float = 30.0) -> None:
-    """Until `signum` is no longer pending for process `pid`: the kernel keeps one pending signal of a kind,
-    so a second Ctrl-C sent while a starved process has not yet taken the first would be lost (a person
-    presses again only after the first took effect)."""
-    bit = 1 << (signum - 1)
+def _wait_for_text(log: Path, text: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until `log` holds `text` (the process ending first, or `timeout_s`, fails the test). Under load the
+    main thread can sit in C code (a tensor op) long after the kernel delivered the first SIGINT; a second
+    one sent then counts as two at once and quits without the clean stop's message, which is right for the
+    program but is not the case this test is about."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return
-        pending = {k: int(v, 16) for k, v in re.findall(r"^(SigPnd|ShdPnd):\s*([0-9a-f]+)$", status, re.M)}
-        if not any(v & bit for v in pending.values()):
-            return
-        time.sleep(0.01)
+    while text not in log.read_text():
+        assert proc.poll() is None, f"ended before printing {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
 
 
 def _processes_with(prefect_home: Path, wait_s: float = 15.0) -> list[int]:
@@ -164,7 +159,7 @@ def test_second_ctrl_c_quits_at_once(tmp_path):
     )
     assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the second Ctrl-C):\n{out[-3000:]}"
     assert took < 5, f"the second Ctrl-C waited ({took:.0f} s) for the clean stop or its watchdog:\n{out[-3000:]}"
-    assert "stopping: the current stage is abandoned" in out, out[-3000:]
+    assert STOPPING in out, out[-3000:]
     assert "Finished stages are kept" not in out, "the second Ctrl-C waited for the clean stop"
     assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
 
