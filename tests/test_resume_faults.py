@@ -29,39 +29,28 @@ def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.c
     return run_in_session([*cli, *args], env | (env_extra or {}), log)
 
 
-@pytest.mark.parametrize(
-    "fault",
-    [
-        "collect_rollouts:2",  # iteration 1's rollouts generated, actions written, episodes not
-        "update:4",  # iteration 2: the solver trained and checkpointed, its `updates` row not written (the
-        # point fires in every update; iteration 1 has 3: the verifier, never scored on the tiny preset, skips)
-        "partition:9",  # inside a Parquet write: temp file on disk, not renamed
-        "checkpoint:5",  # inside a checkpoint write: folder on disk, not renamed
-    ],
-)
-def test_killed_run_resumes_to_identical_tables(fault, trained_run, tmp_path):
+# One run killed again and again, each time in the process that resumed it (a fault's count starts anew in each
+# process; a stage that resume skips does not reach its point), then resumed to the end.
+KILLS = [
+    "collect_rollouts:2",  # iteration 1's rollouts generated, actions written, episodes not
+    "partition:3",  # inside a Parquet write: temp file on disk, not renamed
+    "checkpoint:2",  # inside a checkpoint write: folder on disk, not renamed
+    "update:2",  # an agent trained and checkpointed, its `updates` row not written
+    "coach_evaluate:1",
+    "compute_advantages:1",
+]
+
+
+def test_killed_run_resumed_after_each_kind_of_kill_has_identical_tables(trained_run, tmp_path):
     _, ref_dir = trained_run  # the tiny preset, seed 1, uninterrupted
     args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=f", "--set", "seed=1"]
-    rc, out = _teamrl(args, tmp_path / "killed.log", {"TEAMRL_FAULT": fault})
-    assert rc == -signal.SIGKILL, f"the fault did not fire (rc={rc}):\n{out[-3000:]}"
-    run_dir = tmp_path / "f"
-    rc, out = _teamrl(["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "f"], tmp_path / "resumed.log")
-    assert rc == 0, out[-3000:]
-    assert_same_as_uninterrupted(ref_dir, run_dir)
-
-
-def test_killed_at_each_remaining_stage_in_turn(trained_run, tmp_path):
-    """One run killed in iteration 2's coach_evaluate, then (resumed: the first hit is iteration 2's
-    again) in its compute_advantages."""
-    _, ref_dir = trained_run
-    args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--set", "run.id=c", "--set", "seed=1"]
-    for i, fault in enumerate(["coach_evaluate:2", "compute_advantages:1"]):
+    for i, fault in enumerate(KILLS):
         rc, out = _teamrl(args, tmp_path / f"killed-{i}.log", {"TEAMRL_FAULT": fault})
-        assert rc == -signal.SIGKILL, f"{fault} did not fire (rc={rc}):\n{out[-3000:]}"
-        args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "c"]
+        assert rc == -signal.SIGKILL, f"{fault} (after {KILLS[:i]}) did not fire (rc={rc}):\n{out[-3000:]}"
+        args = ["train", "tiny", "--set", f"run.dir={tmp_path}", "--resume", "f"]
     rc, out = _teamrl(args, tmp_path / "resumed.log")
     assert rc == 0, out[-3000:]
-    assert_same_as_uninterrupted(ref_dir, tmp_path / "c")
+    assert_same_as_uninterrupted(ref_dir, tmp_path / "f")
 
 
 def test_killed_in_a_teamtr_resample_resumes_to_identical_tables(teamtr_run, tmp_path):
