@@ -31,11 +31,7 @@ benchmarks/strategies_variants.py and the report is made by benchmarks/strategie
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +40,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.certificate_check import comparisons  # noqa: E402
-from benchmarks.coach_evidence import teamrl, write_figures  # noqa: E402
+from benchmarks.coach_evidence import write_figures  # noqa: E402
+from benchmarks.seeds import run_and_record  # noqa: E402
 from benchmarks.strategies_report import print_report  # noqa: E402
 from benchmarks.strategies_variants import OUT, VARIANTS  # noqa: E402
 
@@ -95,37 +92,15 @@ def run(variant: str, seed: int, args: argparse.Namespace) -> None:
         return
     sets = [s.format(delta=args.kl_delta) for s in VARIANTS[variant]]
     sets += [f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}", *args.extra]
-    resumed = (runs_dir / run_id).exists()
-    if resumed:
-        cmd = ["train", args.preset, "--set", f"run.dir={runs_dir}", "--resume", run_id]
-    else:
-        cmd = [
-            "train",
-            args.preset,
-            "--set",
-            f"run.dir={runs_dir}",
-            "--set",
-            f"run.id={run_id}",
-            *[x for kv in sets for x in ("--set", kv)],
-        ]
-    t0 = time.perf_counter()
-    if code := teamrl(*cmd):
-        raise SystemExit(f"{run_id} failed (exit {code}); rerun this command to resume it")
-    OUT.mkdir(exist_ok=True)
-    per_iteration(runs_dir / run_id).to_csv(csv, index=False, float_format="%.6g")
-    row = {
-        "variant": variant,
-        "seed": seed,
-        "run_id": run_id,
-        "preset": args.preset,
-        "overrides": sets,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "resumed": resumed,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "note": args.note,
-    }
-    with (OUT / "runs.jsonl").open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    run_and_record(
+        OUT,
+        args,
+        variant,
+        seed,
+        run_id,
+        sets,
+        lambda run_dir: per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g"),
+    )
     figures(variant, seed, runs_dir)
 
 

@@ -6,7 +6,6 @@ folder, so it lives apart from the runner that trains and writes those CSVs.
 
 from __future__ import annotations
 
-import re
 from itertools import combinations
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pandas as pd
 from benchmarks.certificate_check import summary
 from benchmarks.coach_evidence import paired, seed_bootstrap
 from benchmarks.common import write_section
+from benchmarks.seeds import load_tables
 from benchmarks.strategies_variants import COACHES, OUT, TEAMTR_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +36,7 @@ def print_report(write: bool) -> None:
 
 
 def load(kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
-    """variant -> seed -> the table `<variant>-s<seed><kind>.csv` (kind: "" per iteration, ".questions", ...)."""
-    out: dict[str, dict[int, pd.DataFrame]] = {}
-    for f in sorted(OUT.glob(f"*-s*{kind}.csv")):
-        if m := re.fullmatch(rf"(.+)-s(\d+){re.escape(kind)}\.csv", f.name):
-            out.setdefault(m[1], {})[int(m[2])] = pd.read_csv(f)
-    return out
+    return load_tables(OUT, kind)
 
 
 def mean_sd(x: list[float], digits: int = 2) -> str:

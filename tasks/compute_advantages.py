@@ -18,7 +18,8 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
     records = df.to_dict("records")
     trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
-    # REINFORCE++ normalises over one agent's update batch, GRPO / RLOO per group within it; a
+    # REINFORCE++ normalises over one agent's samples (an agent sharing a model with others too: their scores
+    # may differ in scale), GRPO / RLOO per group within them; a
     # trajectory estimator sees every agent's samples at once, scored with the episode's reward.
     batches = (
         [records]

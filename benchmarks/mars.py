@@ -1,0 +1,261 @@
+"""MARS over training seeds (issue 22): does the research team learn, and what do System 1 and one shared
+model change, on the `deepresearch-smol` preset.
+
+    .venv/bin/python benchmarks/mars.py --variants shared --seeds 0 1     # run (resumable)
+    .venv/bin/python benchmarks/mars.py --report --write                  # tables -> benchmarks/README.md
+
+Variants: `shared` (the preset: one model plays System 2 and System 1, as in the paper), `separate` (one
+adapter per system, `pipeline.shared_model=false`) and `no-system1` (System 2 reads the raw search output
+truncated to its budget, `pipeline.system1=false`). Each (variant, seed) is one `teamrl train` process with
+a fixed run id (`mars-<variant>-s<seed>` under `--runs-dir`); a run whose folder exists is resumed, so
+killing this script loses at most the stage in progress. When a run ends, its figures go to
+`benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and `.questions.csv` (every held-out question at
+every evaluation), one summary row to `benchmarks/mars/runs.jsonl`; a run with a CSV is not run again.
+
+Per iteration: held-out exact match (greedy, 95% bootstrap interval over questions), F1, exact match by
+answer kind (a year or a name) and by hops; on the training rollouts: exact match, F1, the share of GRPO
+groups whose rewards differ (only those carry a gradient), searches per episode, repeated searches (the
+same query again in one episode), purpose words per search, System-1 compression (raw tokens in per token
+out), System 2's context tokens, and the update's seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.coach_evidence import paired, seed_bootstrap  # noqa: E402
+from benchmarks.common import write_section  # noqa: E402
+from benchmarks.seeds import load_tables, run_and_record  # noqa: E402
+from benchmarks.strategies_report import mean_sd  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "mars"
+README = ROOT / "benchmarks" / "README.md"
+SECTION = "## MARS over seeds (`benchmarks/mars.py`)"
+VARIANTS = {
+    "shared": [],
+    "separate": ["pipeline.shared_model=false"],
+    "no-system1": ["pipeline.system1=false"],
+}
+YEAR = re.compile(r"\d{4}")
+
+
+def episodes(run_dir: Path) -> pd.DataFrame:
+    """The run's episodes with their metrics as columns, the answer's kind (year | name) and hop count."""
+    from infra import store
+    from tasks import context
+
+    eps = store.read_table(run_dir, "episodes")
+    m = pd.DataFrame([dict(x) for x in eps["metrics"]], index=eps.index)
+    eps = pd.concat([eps.drop(columns="metrics"), m], axis=1)
+    eps["kind"] = np.where(eps["answer"].map(lambda a: bool(YEAR.fullmatch(str(a)))), "year", "name")
+    hops = {p.task_id: p.hops for split in ("train", "eval") for p in context.of(run_dir).problems(split)}
+    eps["hops"] = eps["task_id"].map(hops)
+    return eps
+
+
+def searches(run_dir: Path) -> pd.DataFrame:
+    """One row per System-2 search: iteration, phase, episode, the query and the purpose's word count."""
+    from infra import store
+    from pipelines.deepresearch.prompts import PURPOSE_RE
+
+    a = store.read_table(run_dir, "actions")
+    a = a[(a["system"] == 2) & (a["tool_name"] == "search")]
+    purpose = [(PURPOSE_RE.split(t, maxsplit=1)[1:] or [""])[0].split("\n")[0] for t in a["response_text"]]
+    return pd.DataFrame(
+        {
+            "iteration": a["iteration"].to_numpy(),
+            "phase": a["phase"].to_numpy(),
+            "episode_id": a["episode_id"].to_numpy(),
+            "query": [" ".join(str(q or "").lower().split()) for q in a["tool_input"]],
+            "purpose_words": [len(p.split()) for p in purpose],
+        },
+        index=range(len(a)),
+    )
+
+
+def per_iteration(run_dir: Path) -> pd.DataFrame:
+    """One row per iteration: held-out figures where an evaluation ran (iteration 0: the untrained team),
+    training-rollout figures where one ran."""
+    from flows.metrics import is_eval
+    from flows.report import run_table
+    from infra import store
+
+    ev_table = run_table(run_dir)
+    ev_table = ev_table[ev_table["phase"].map(is_eval)].set_index("iteration")
+    eps, s = episodes(run_dir), searches(run_dir)
+    up = store.read_table(run_dir, "updates")
+    rows = []
+    for it in sorted(eps["iteration"].unique()):
+        ev = eps[(eps["iteration"] == it) & (eps["phase"] == "eval") & (eps["greedy"] == 1.0)]
+        ro = eps[(eps["iteration"] == it) & (eps["phase"] == "rollout")]
+        row: dict = {"iteration": int(it)}
+        if len(ev):
+            row |= {
+                "heldout_em": ev["em"].mean(),
+                "heldout_ci_low": ev_table["success_ci_low"].get(it, np.nan),
+                "heldout_ci_high": ev_table["success_ci_high"].get(it, np.nan),
+                "heldout_f1": ev["f1"].mean(),
+                **{f"heldout_em_{k}": g["em"].mean() for k, g in ev.groupby("kind")},
+                **{f"heldout_em_{h}hop": g["em"].mean() for h, g in ev.groupby("hops")},
+            }
+        if len(ro):
+            rs = s[(s["iteration"] == it) & (s["phase"] == "rollout")]
+            repeats = len(rs) - len(rs.drop_duplicates(["episode_id", "query"]))
+            u = up[up["iteration"] == it]
+            row |= {
+                "train_em": ro["em"].mean(),
+                "train_f1": ro["f1"].mean(),
+                "groups_with_signal": ro.groupby("group_id")["outcome"].std(ddof=0).gt(0).mean(),
+                "searches_per_episode": ro["tool_calls"].mean(),
+                "repeated_searches_per_episode": repeats / len(ro),
+                "purpose_words": rs["purpose_words"].mean() if len(rs) else np.nan,
+                "s1_compression": ro["s1_tokens_in"].sum() / max(ro["s1_tokens_out"].sum(), 1.0),
+                "s2_context_tokens": ro["s2_context_tokens"].mean(),
+                "update_s": u["seconds"].sum(),
+            }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def questions(run_dir: Path) -> pd.DataFrame:
+    """Every greedy held-out episode: iteration, task_id, kind, hops, em, f1."""
+    eps = episodes(run_dir)
+    ev = eps[(eps["phase"] == "eval") & (eps["greedy"] == 1.0)]
+    return ev[["iteration", "task_id", "kind", "hops", "em", "f1"]].sort_values(["iteration", "task_id"])
+
+
+def run(variant: str, seed: int, args: argparse.Namespace) -> None:
+    csv = OUT / f"{variant}-s{seed}.csv"
+    run_id = f"mars-{variant}-s{seed}"
+    if csv.exists():
+        print(f"{csv.name}: done, skipped", flush=True)
+        return
+    sets = [*VARIANTS[variant], f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}"]
+    sets += args.extra
+
+    def write(run_dir: Path) -> None:
+        questions(run_dir).to_csv(OUT / f"{variant}-s{seed}.questions.csv", index=False, float_format="%.6g")
+        per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g")
+
+    run_and_record(OUT, args, variant, seed, run_id, sets, write)
+
+
+def load(kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
+    return load_tables(OUT, kind)
+
+
+def before_after(evals: list[pd.DataFrame], first: int, last: int, col: str) -> str:
+    """`col` at evaluation `first` -> at `last`, mean ± sd over the seeds' tables (indexed by iteration)."""
+    if not all(col in e for e in evals):
+        return "-"
+    return f"{mean_sd([e.loc[first, col] for e in evals])} -> {mean_sd([e.loc[last, col] for e in evals])}"
+
+
+def report() -> str:
+    runs, qs = load(), load(".questions")
+    walls: dict[tuple[str, int], float] = {}
+    if (OUT / "runs.jsonl").exists():
+        for line in (OUT / "runs.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            walls[(r["variant"], r["seed"])] = walls.get((r["variant"], r["seed"]), 0.0) + r["wall_s"]
+    lines = [
+        SECTION,
+        "",
+        "Commands: `.venv/bin/python benchmarks/mars.py --variants VARIANT --seeds SEEDS` (defaults: "
+        "deepresearch-smol, 6 iterations, held-out evaluation every 2), then `--report --write`. Held-out: "
+        "the preset's 50 held-out questions, greedy; mean ± sd over seeds; a gain is the mean over seeds of "
+        "the per-seed mean paired difference over questions, with a 95% bootstrap interval resampling seeds "
+        "and, within each, questions. Per-run files: `benchmarks/mars/<variant>-s<seed>.csv` and "
+        "`.questions.csv`; wall times and what shared the machine: `benchmarks/mars/runs.jsonl`.",
+        "",
+        "| variant | seeds | held-out EM by iteration | EM gain | F1 before -> after | year EM before -> after | "
+        "name EM before -> after | wall per run (min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for variant in VARIANTS:
+        if variant not in runs:
+            continue
+        seeds = sorted(runs[variant])
+        evals = [runs[variant][s].dropna(subset=["heldout_em"]).set_index("iteration") for s in seeds]
+        its = sorted(set.intersection(*(set(e.index) for e in evals)))
+        curve = ", ".join(f"{it}: {mean_sd([float(e.loc[it, 'heldout_em']) for e in evals])}" for it in its)
+        first, last = its[0], its[-1]
+
+        diffs = []
+        for s in seeds:
+            q = qs[variant][s].set_index("task_id")
+            diffs.append(paired(q[q["iteration"] == last]["em"], q[q["iteration"] == first]["em"]))
+        gain, lo, hi = seed_bootstrap(diffs)
+        wall = [walls[(variant, s)] / 60 for s in seeds if (variant, s) in walls]
+        cells = [before_after(evals, first, last, c) for c in ("heldout_f1", "heldout_em_year", "heldout_em_name")]
+        lines.append(
+            f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {gain:+.2f} [{lo:+.2f}, {hi:+.2f}] | "
+            + " | ".join(cells)
+            + f" | {mean_sd(wall, 0) if wall else '-'} |"
+        )
+    lines += [
+        "",
+        "Training rollouts, first -> last iteration (mean ± sd over seeds): the share of GRPO groups whose "
+        "rewards differ, searches and repeated searches per episode, purpose words per search, System-1 "
+        "compression (raw tokens in per extracted token) and System 2's context tokens.",
+        "",
+        "| variant | train F1 | groups with signal | searches / episode | repeated searches / episode | "
+        "purpose words | System-1 compression | System-2 context tokens | update s / iteration |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for variant in VARIANTS:
+        if variant not in runs:
+            continue
+        tr = [d.dropna(subset=["train_f1"]).set_index("iteration") for d in runs[variant].values()]
+        cells = []
+        for col in (
+            "train_f1",
+            "groups_with_signal",
+            "searches_per_episode",
+            "repeated_searches_per_episode",
+            "purpose_words",
+            "s1_compression",
+            "s2_context_tokens",
+        ):
+            a, b = [float(t[col].iloc[0]) for t in tr], [float(t[col].iloc[-1]) for t in tr]
+            cells.append("-" if np.isnan(a + b).any() else f"{mean_sd(a)} -> {mean_sd(b)}")
+        cells.append(mean_sd([float(t["update_s"].mean()) for t in tr], 0))
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="deepresearch-smol")
+    ap.add_argument("--variants", nargs="+", default=["shared"], choices=list(VARIANTS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "mars"))
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra key=value overrides")
+    ap.add_argument("--note", default="", help="recorded with each run, e.g. what else shared the CPUs")
+    ap.add_argument("--report", action="store_true", help="print the tables from the recorded CSVs")
+    ap.add_argument("--write", action="store_true", help="with --report: replace the section in benchmarks/README.md")
+    args = ap.parse_args()
+    if args.report:
+        text = report()
+        print(text)
+        if args.write and load():
+            write_section(README, SECTION, text)
+        return
+    for seed in args.seeds:
+        for variant in args.variants:
+            run(variant, seed, args)
+
+
+if __name__ == "__main__":
+    main()
