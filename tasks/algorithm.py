@@ -86,6 +86,23 @@ class AlgorithmConfig(BaseModel):
         "exhausts the trainer's memory (None: no bound)",
     )
 
+    measure_update: bool = Field(
+        True,
+        description="after each update, score the unit's actions again at the new weights to record the "
+        "update's KL and surrogate gain (`updates.kl`, `updates.surrogate_gain`) and, for stale / teamtr, "
+        "its certificate: one more forward pass over every action of the unit (for MARS, every System-2 turn "
+        "and every System-1 extraction); false skips it (joint only: the certificate needs it)",
+    )
+
+    @model_validator(mode="after")
+    def _certificates_need_the_measurement(self):
+        if not self.measure_update and self.strategy != "joint":
+            raise ValueError(
+                f"algorithm.measure_update=false with strategy={self.strategy}: the certificate of stale and "
+                "teamtr updates is computed from that measurement; keep it on, or use strategy=joint"
+            )
+        return self
+
     @model_validator(mode="after")
     def _teamtr_without_a_trust_region_is_an_ablation(self):
         if self.strategy == "teamtr" and self.kl_delta is None:

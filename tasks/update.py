@@ -300,7 +300,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                     "reason": f"trust region: KL {kl:.4g} > delta {cfg.kl_delta:g} after "
                     f"{cfg.backtrack_steps} halvings; weights restored",
                 }
-        if not row["skipped"]:
+        if not row["skipped"] and cfg.measure_update:
             sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
             changed = updated_before(run_dir, iteration, phase, agent) if sequential else {}
             measured, b = measure_update(

@@ -63,6 +63,35 @@ def table_content(run_dir, table):
 TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.order=random", "evaluate=false", "seed=1")
 
 
+def redo_update(run_dir, iteration: int, agent: str, **algorithm) -> dict:
+    """Iteration `iteration`'s update of `agent` in the run folder `run_dir` (a copy: this rewrites it) done
+    again with the `algorithm` settings changed; its `updates` row, with the warnings it gave as `warnings`."""
+    import shutil
+    import warnings
+
+    import yaml
+
+    from infra import store
+    from infra.policy import checkpoint_dir
+    from tasks import context
+    from tasks.update import update
+
+    cfg = yaml.safe_load(open(f"{run_dir}/config.yaml"))
+    cfg["algorithm"] |= algorithm
+    yaml.safe_dump(cfg, open(f"{run_dir}/config.yaml", "w"))
+    context.close(run_dir)
+    (store.partition_dir(run_dir, "updates", iteration, "rollout") / f"part-{agent}.parquet").unlink()
+    shutil.rmtree(checkpoint_dir(run_dir, agent, iteration), ignore_errors=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            update.fn(str(run_dir), iteration, "rollout", agent, iteration - 1)
+    finally:
+        context.close(run_dir)
+    row = store.read_table(run_dir, "updates", iteration, "rollout", name=agent).iloc[0].to_dict()
+    return row | {"warnings": " ".join(str(w.message) for w in caught)}
+
+
 @pytest.fixture(scope="session")
 def teamtr_run(prefect_harness, tmp_path_factory):
     """The tiny preset trained with TeamTR (random order, resamples, trust region) for 2 iterations."""

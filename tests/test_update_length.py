@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import shutil
-import warnings
 
 import pytest
-import yaml
+from conftest import redo_update
 
 from infra import store
-from infra.policy import checkpoint_dir
 from infra.trainer import TrainItem
-from tasks import context
-from tasks.update import ALL_OVER_LENGTH, update, within_length
+from tasks.update import ALL_OVER_LENGTH, within_length
 
 
 def _item(prompt: int, response: int) -> TrainItem:
@@ -44,34 +41,20 @@ def test_an_update_leaves_out_and_counts_the_samples_over_the_bound(trained_run,
     assert length["executor"][0] <= bound < length["executor"][-1], "the executor's samples must differ in length"
 
     def redo(agent: str, max_tokens: int) -> dict:
-        cfg = yaml.safe_load(open(f"{run_dir}/config.yaml"))
-        cfg["algorithm"]["max_sample_tokens"] = max_tokens
-        yaml.safe_dump(cfg, open(f"{run_dir}/config.yaml", "w"))
-        context.close(run_dir)
-        (store.partition_dir(run_dir, "updates", 1, "rollout") / f"part-{agent}.parquet").unlink()
-        shutil.rmtree(checkpoint_dir(run_dir, agent, 1), ignore_errors=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert update.fn(run_dir, 1, "rollout", agent, 0) in (0, 1)
-        row = store.read_table(run_dir, "updates", 1, "rollout", name=agent).iloc[0].to_dict()
-        row["warnings"] = " ".join(str(w.message) for w in caught)
-        return row
+        return redo_update(run_dir, 1, agent, max_sample_tokens=max_tokens)
 
-    try:
-        over = sum(n > bound for n in length["executor"])
-        row = redo("executor", bound)
-        mine = acts[acts["agent"] == "executor"]
-        kept_tokens = sum(
-            sum(m)
-            for p, r, m in zip(mine["prompt_ids"], mine["response_ids"], mine["loss_mask"])
-            if len(p) + len(r) <= bound
-        )
-        assert row["over_length"] == over and not row["skipped"] and row["version_after"] == 1
-        assert row["tokens"] == kept_tokens  # one epoch over the kept samples
-        assert f"{over} sample(s) longer than algorithm.max_sample_tokens={bound}" in row["warnings"]
+    over = sum(n > bound for n in length["executor"])
+    row = redo("executor", bound)
+    mine = acts[acts["agent"] == "executor"]
+    kept_tokens = sum(
+        sum(m)
+        for p, r, m in zip(mine["prompt_ids"], mine["response_ids"], mine["loss_mask"])
+        if len(p) + len(r) <= bound
+    )
+    assert row["over_length"] == over and not row["skipped"] and row["version_after"] == 1
+    assert row["tokens"] == kept_tokens  # one epoch over the kept samples
+    assert f"{over} sample(s) longer than algorithm.max_sample_tokens={bound}" in row["warnings"]
 
-        row = redo("solver", length["solver"][0] - 1)
-        assert row["over_length"] == len(length["solver"]) and row["skipped"] and row["reason"] == ALL_OVER_LENGTH
-        assert row["version_after"] == 0 and row["tokens"] == 0
-    finally:
-        context.close(run_dir)
+    row = redo("solver", length["solver"][0] - 1)
+    assert row["over_length"] == len(length["solver"]) and row["skipped"] and row["reason"] == ALL_OVER_LENGTH
+    assert row["version_after"] == 0 and row["tokens"] == 0
