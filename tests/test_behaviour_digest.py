@@ -71,7 +71,10 @@ def run_digest(name: str, tmp_path: Path) -> dict:
     preset, *sets = RUNS[name]
     args = [sys.executable, "-m", "flows.cli", "train", preset, "--set", f"run.dir={tmp_path}", "--set", "run.id=pin"]
     args += [x for kv in (*sets, "engines.threads=1") for x in ("--set", kv)]
+    from prefect.settings import PREFECT_API_URL
+
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TEAMRL_PROGRESS": "0"}
+    env |= {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("TEAMRL_FAULT", None)
     rc, out = run_in_session(args, env, tmp_path / "train.log")
     assert rc == 0, out[-3000:]
@@ -79,7 +82,7 @@ def run_digest(name: str, tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_a_seeded_run_writes_the_recorded_tables(name, tmp_path):
+def test_a_seeded_run_writes_the_recorded_tables(name, prefect_harness, tmp_path):
     got = run_digest(name, tmp_path)
     record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     if os.environ.get("TEAMRL_WRITE_DIGEST") == "1":
