@@ -11,10 +11,26 @@ import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every pro
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect server (SQLite) for the whole session."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        # for the CLI commands tests start in their own processes (harness_api_env), not for this process
+        os.environ[TEST_SERVER] = str(PREFECT_API_URL.value())
+        try:
+            yield
+        finally:
+            os.environ.pop(TEST_SERVER, None)
+
+
+TEST_SERVER = "TEAMRL_TEST_PREFECT_API_URL"
+
+
+def harness_api_env() -> dict[str, str]:
+    """PREFECT_API_URL of the session's Prefect test server while prefect_harness runs (else nothing): a CLI
+    command started with it uses that server, as with `prefect server start`, instead of starting a
+    temporary one of its own (a user's Prefect profile is never used)."""
+    return {"PREFECT_API_URL": os.environ[TEST_SERVER]} if TEST_SERVER in os.environ else {}
 
 
 def train_items(n=6, old_logprob=-10.0):
@@ -64,8 +80,9 @@ TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.ord
 
 
 def redo_update(run_dir, iteration: int, agent: str, **algorithm) -> dict:
-    """Iteration `iteration`'s update of `agent` in the run folder `run_dir` (a copy: this rewrites it) done
-    again with the `algorithm` settings changed; its `updates` row, with the warnings it gave as `warnings`."""
+    """Iteration `iteration`'s update of `agent` (from version iteration - 1: every earlier update wrote one)
+    in the run folder `run_dir` (a copy: this rewrites it) done again with the `algorithm` settings changed;
+    its `updates` row, with the warnings it gave as `warnings`."""
     import shutil
     import warnings
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_in_session
+from conftest import harness_api_env, run_in_session
 
 pytestmark = pytest.mark.slow
 
@@ -71,10 +71,8 @@ def run_digest(name: str, tmp_path: Path) -> dict:
     preset, *sets = RUNS[name]
     args = [sys.executable, "-m", "flows.cli", "train", preset, "--set", f"run.dir={tmp_path}", "--set", "run.id=pin"]
     args += [x for kv in (*sets, "engines.threads=1") for x in ("--set", kv)]
-    from prefect.settings import PREFECT_API_URL
-
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TEAMRL_PROGRESS": "0"}
-    env |= {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), **harness_api_env()}
     env.pop("TEAMRL_FAULT", None)
     rc, out = run_in_session(args, env, tmp_path / "train.log")
     assert rc == 0, out[-3000:]

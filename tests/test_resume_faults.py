@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import MARS, TEAMTR, run_in_session, table_content
+from conftest import MARS, TEAMTR, harness_api_env, run_in_session, table_content
 
 from infra.policy import latest_version
 
@@ -26,13 +26,9 @@ def _teamrl(args, log: Path, env_extra=None, cli=(sys.executable, "-m", "flows.c
     """Run the CLI (`teamrl args`, or `cli args`) in its own session, output to `log`; against the session's
     Prefect server where one runs (prefect_harness), as with `prefect server start`, so that each command
     does not start a temporary one (tests/test_interrupts.py covers that path)."""
-    from prefect.settings import PREFECT_API_URL
-
     env = {k: v for k, v in os.environ.items() if k != "TEAMRL_FAULT"}
     env |= {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0", "PREFECT_HOME": str(log.parent / "prefect")}
-    if api := PREFECT_API_URL.value():
-        env["PREFECT_API_URL"] = api
-    return run_in_session([*cli, *args], env | (env_extra or {}), log)
+    return run_in_session([*cli, *args], env | harness_api_env() | (env_extra or {}), log)
 
 
 # One run killed again and again, each time in the process that resumed it (a fault's count starts anew in each
