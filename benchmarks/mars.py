@@ -17,6 +17,11 @@ answer kind (a year or a name) and by hops; on the training rollouts: exact matc
 groups whose rewards differ (only those carry a gradient), searches per episode, repeated searches (the
 same query again in one episode), purpose words per search, System-1 compression (raw tokens in per token
 out), System 2's context tokens, and the update's seconds.
+
+Per held-out question, where an answer is lost (`reading`): `retrieved`, the gold answer is in what a search
+returned; `found`, it is in what System 2 read before its last reply (System 1's findings, or the truncated
+raw text without System 1); `em`, System 2 then answered it. The report's funnel puts these side by side by
+answer kind.
 """
 
 from __future__ import annotations
@@ -82,6 +87,38 @@ def searches(run_dir: Path) -> pd.DataFrame:
     )
 
 
+def contains(text: str, answer: str) -> bool:
+    """`answer` occurs in `text` as whole words, any case."""
+    return bool(answer.strip()) and re.search(rf"(?<!\w){re.escape(answer.strip())}(?!\w)", text, re.I) is not None
+
+
+def answer_flags(answer: str, tool_names: list, tool_outputs: list, last_prompt: str) -> dict[str, int]:
+    """`retrieved`: `answer` is in some search's raw output; `found`: it is in what System 2 read after the
+    episode's question (the last "Question:" of its last prompt; the question's own line is skipped) before
+    its last reply."""
+    raw = "\n".join(str(o) for t, o in zip(tool_names, tool_outputs) if t == "search" and pd.notna(o))
+    read = last_prompt.rsplit("Question:", 1)[-1].split("\n", 1)[-1]
+    return {"retrieved": int(contains(raw, answer)), "found": int(contains(read, answer))}
+
+
+def reading(run_dir: Path) -> pd.DataFrame:
+    """`answer_flags` per episode (index: iteration, phase, episode_id), from its System-2 actions."""
+    from infra import store
+
+    a = store.read_table(run_dir, "actions")
+    a = a[a["system"] == 2].sort_values("turn")
+    gold = store.read_table(run_dir, "episodes").set_index(["iteration", "phase", "episode_id"])["answer"]
+    rows = {
+        key: answer_flags(
+            str(gold.get(key, "")), list(g["tool_name"]), list(g["tool_output"]), str(g["prompt_text"].iloc[-1])
+        )
+        for key, g in a.groupby(["iteration", "phase", "episode_id"], sort=False)
+    }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.names = ["iteration", "phase", "episode_id"]
+    return out
+
+
 def per_iteration(run_dir: Path) -> pd.DataFrame:
     """One row per iteration: held-out figures where an evaluation ran (iteration 0: the untrained team),
     training-rollout figures where one ran."""
@@ -127,10 +164,12 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 
 def questions(run_dir: Path) -> pd.DataFrame:
-    """Every greedy held-out episode: iteration, task_id, kind, hops, em, f1."""
+    """Every greedy held-out episode: iteration, task_id, kind, hops, em, f1, retrieved, found (`reading`)."""
     eps = episodes(run_dir)
     ev = eps[(eps["phase"] == "eval") & (eps["greedy"] == 1.0)]
-    return ev[["iteration", "task_id", "kind", "hops", "em", "f1"]].sort_values(["iteration", "task_id"])
+    ev = ev.join(reading(run_dir), on=["iteration", "phase", "episode_id"])
+    cols = ["iteration", "task_id", "kind", "hops", "em", "f1", "retrieved", "found"]
+    return ev[cols].sort_values(["iteration", "task_id"])
 
 
 def run(variant: str, seed: int, args: argparse.Namespace) -> None:
@@ -230,7 +269,44 @@ def report() -> str:
             cells.append("-" if np.isnan(a + b).any() else f"{mean_sd(a)} -> {mean_sd(b)}")
         cells.append(mean_sd([float(t["update_s"].mean()) for t in tr], 0))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    lines += funnel(qs)
     return "\n".join(lines) + "\n"
+
+
+def funnel(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
+    """Table lines: by variant and answer kind, at the first and last evaluation, the share of held-out
+    questions whose answer a search retrieved, System 2 read (found), and System 2 answered when it had read
+    it; mean ± sd over the seeds whose per-question tables have those columns."""
+    lines = [
+        "",
+        "Where held-out answers are lost, first -> last evaluation: retrieved (the answer is in the search "
+        "results), found (it is in what System 2 read: System 1's findings, or the truncated raw text), and "
+        "exact match among the questions where it was found.",
+        "",
+        "| variant | seeds | kind | retrieved | found | EM when found |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant in VARIANTS:
+        tables = {s: q for s, q in qs.get(variant, {}).items() if "found" in q}
+        if not tables:
+            continue
+        seeds = ", ".join(map(str, sorted(tables)))
+        for kind in ("name", "year"):
+            of_kind = [q[q["kind"] == kind] for q in tables.values()]
+            if not all(len(q) for q in of_kind):
+                continue
+            cells = []
+            for col in ("retrieved", "found", "em_found"):
+                ends = []
+                for q in of_kind:
+                    its = sorted(q["iteration"].unique())
+                    at = [q[q["iteration"] == it] for it in (its[0], its[-1])]
+                    ends.append([x["em"][x["found"] == 1].mean() if col == "em_found" else x[col].mean() for x in at])
+                # a seed with no found question at an evaluation has no EM-when-found there
+                first, last = [[e[i] for e in ends if not np.isnan(e[i])] for i in (0, 1)]
+                cells.append(f"{mean_sd(first) if first else '-'} -> {mean_sd(last) if last else '-'}")
+            lines.append(f"| {variant} | {seeds} | {kind} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> None:

@@ -44,9 +44,28 @@ def test_rollout_figures_of_a_tiny_run_match_its_tables(mars_run):
 
 
 def _questions(em0: list[int], em2: list[int]) -> pd.DataFrame:
+    # every question retrieved; found: the first two at iteration 0, all but the last at iteration 2
     ids = [f"q{i}" for i in range(len(em0))]
-    rows = [(0, t, "name", 1, e, e) for t, e in zip(ids, em0)] + [(2, t, "name", 1, e, e) for t, e in zip(ids, em2)]
-    return pd.DataFrame(rows, columns=["iteration", "task_id", "kind", "hops", "em", "f1"])
+    rows = [(0, t, "name", 1, e, e, 1, int(i < 2)) for i, (t, e) in enumerate(zip(ids, em0))]
+    rows += [(2, t, "name", 1, e, e, 1, int(i < 3)) for i, (t, e) in enumerate(zip(ids, em2))]
+    return pd.DataFrame(rows, columns=["iteration", "task_id", "kind", "hops", "em", "f1", "retrieved", "found"])
+
+
+def test_answer_flags_read_only_what_follows_the_episodes_question():
+    examples = "Question: Who founded Jubb Holdings?\nFindings:\n- Jubb Holdings was founded by Ezra Wick.\n"
+    question = "Question: Who founded Veltor Press?\n"
+    read = "Findings (the founder):\n- Veltor Press was founded by Ada Quill.\nFinal turn: reply with ANSWER."
+    names, outputs = ["search", "answer"], ["# Veltor Press\nVeltor Press was founded by Ada Quill.", None]
+    # the answer in the findings, any case, as whole words
+    assert mars.answer_flags("ada quill", names, outputs, examples + question + read) == {"retrieved": 1, "found": 1}
+    # an example's answer is not what this episode read; a longer name containing the answer does not count
+    assert mars.answer_flags("Ezra Wick", names, outputs, examples + question + read) == {"retrieved": 0, "found": 0}
+    assert mars.answer_flags("Ada Quil", names, outputs, examples + question + read) == {"retrieved": 0, "found": 0}
+    # retrieved by the search, but System 1 passed on another sentence
+    lost = read.replace("was founded by Ada Quill", "was founded in 1712")
+    assert mars.answer_flags("Ada Quill", names, outputs, examples + question + lost) == {"retrieved": 1, "found": 0}
+    # the question's own line never counts as read
+    assert mars.answer_flags("Veltor Press", ["answer"], [None], examples + question + "ANSWER:")["found"] == 0
 
 
 def test_report_over_two_seeds(tmp_path, monkeypatch):
@@ -95,6 +114,9 @@ def test_report_over_two_seeds(tmp_path, monkeypatch):
     train = [ln for ln in text.splitlines() if ln.startswith("| shared |")][1]
     assert "0.10 ± 0.00 -> 0.30 ± 0.00" in train and "0.50 ± 0.00 -> 0.75 ± 0.00" in train
     assert train.endswith("| 106 ± 1 |")  # the update's seconds: (100 + 110) / 2 and (101 + 111) / 2
+    funnel = next(ln for ln in text.splitlines() if ln.startswith("| shared | 0, 1 | name |"))
+    # found 2 of 4 -> 3 of 4 in both seeds; EM when found: seed 0 1/2 -> 3/3, seed 1 2/2 -> 2/3
+    assert funnel.endswith("| 1.00 ± 0.00 -> 1.00 ± 0.00 | 0.50 ± 0.00 -> 0.75 ± 0.00 | 0.75 ± 0.35 -> 0.83 ± 0.24 |")
 
 
 @pytest.mark.slow
