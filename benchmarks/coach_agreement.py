@@ -16,6 +16,12 @@ actions left unscored (malformed replies, timeouts, errors) and seconds per acti
 benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode) every few episodes, and a rerun
 of the same command scores only what the file lacks (`--fresh` starts over); --write puts the table in
 benchmarks/README.md.
+
+The sampled episodes are first copied, with the run's config.yaml, into a run folder of their own under
+benchmarks/coach_agreement/sample/ (a few hundred kB, committed), and scored from there: a measurement
+that takes longer than a machine is kept goes on later from that folder alone,
+
+    .venv/bin/python benchmarks/coach_agreement.py --run benchmarks/coach_agreement/sample/RUN --actions 510
 """
 
 from __future__ import annotations
@@ -66,6 +72,39 @@ def sample_episodes(run_dirs: list[str], n_actions: int, seed: int) -> list[tupl
     rng = np.random.default_rng(seed)
     take = rng.choice(len(pool), size=min(len(pool), math.ceil(n_actions / per)), replace=False)
     return [pool[i] for i in sorted(take)]
+
+
+def freeze(episodes: list[tuple[str, Episode]], dest: Path) -> list[tuple[str, Episode]]:
+    """Copy the sampled episodes (their `episodes` and `actions` rows) and each run's config.yaml into
+    `dest`/<run name>, a run folder holding only them; the same episodes, read back from there. A run that
+    is already a folder under `dest` is left as it is."""
+    import shutil
+
+    from infra import store
+    from tasks.coach_evaluate import load_partition_episodes
+
+    out: list[tuple[str, Episode]] = []
+    for run_dir in dict.fromkeys(r for r, _ in episodes):
+        mine = [e for r, e in episodes if r == run_dir]
+        target = dest / Path(run_dir).name
+        if Path(run_dir).resolve() != target.resolve():
+            if target.exists():
+                shutil.rmtree(target)
+            target.mkdir(parents=True)
+            shutil.copy(Path(run_dir) / "config.yaml", target / "config.yaml")
+            parts = sorted({(int(e.actions[0]["iteration"]), str(e.actions[0]["phase"])) for e in mine})
+            ids = {e.episode_id for e in mine}
+            for it, ph in parts:
+                for table in ("episodes", "actions"):
+                    rows = store.read_table(run_dir, table, it, ph)
+                    rows = rows[rows["episode_id"].isin(ids)]
+                    store.write_partition(target, table, it, ph, rows.to_dict("records"), name="sample")
+        keys = {(int(e.actions[0]["iteration"]), e.episode_id) for e in mine}
+        for it, ph in sorted({(int(e.actions[0]["iteration"]), str(e.actions[0]["phase"])) for e in mine}):
+            out += [
+                (str(target), e) for e in load_partition_episodes(str(target), it, ph) if (it, e.episode_id) in keys
+            ]
+    return out
 
 
 def _key(mode: str, run_dir: str, e: Episode) -> tuple[str, str, int, str]:
@@ -168,7 +207,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
     args = ap.parse_args()
     run_dirs = [str(Path(r).resolve()) for r in args.run]
-    episodes = sample_episodes(run_dirs, args.actions, args.seed)
+    episodes = freeze(sample_episodes(run_dirs, args.actions, args.seed), OUT / "sample")
     if args.base_url:
         model = args.model or "coach"
     else:

@@ -4,6 +4,8 @@ table read from them. The real `transformers serve` coach is tested in test_llm_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from test_coach_faults import server  # noqa: F401 (the fixture)
@@ -38,3 +40,19 @@ def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_
 
     lines = ca.table(df)
     assert lines[2].startswith(f"| with answer | all | {actions} | 0% |")
+
+    # the sample frozen into a run folder of its own: the same episodes, and scoring from it asks for nothing
+    frozen = ca.freeze(episodes, tmp_path / "sample")
+    (folder,) = {r for r, _ in frozen}
+    assert [e.episode_id for _, e in frozen] == [e.episode_id for _, e in episodes]
+    assert [a["response_text"] for _, e in frozen for a in e.actions] == [
+        a["response_text"] for _, e in episodes for a in e.actions
+    ]
+    again = ca.sample_episodes([folder], n_actions=6, seed=0)  # later, from the folder alone
+    assert [(e.episode_id, e.outcome) for _, e in again] == [(e.episode_id, e.outcome) for _, e in episodes]
+    files = {f: f.stat().st_mtime_ns for f in Path(folder).rglob("*.parquet")}
+    refrozen = ca.freeze(again, tmp_path / "sample")  # already there: left as it is
+    assert [e.episode_id for _, e in refrozen] == [e.episode_id for _, e in episodes]
+    assert {f: f.stat().st_mtime_ns for f in Path(folder).rglob("*.parquet")} == files
+    df = ca.score(again, server.url("ok"), "coach", csv)
+    assert server.hits["ok"] == asked + len(episodes[0][1].actions) and len(df) == 2 * actions
