@@ -82,6 +82,8 @@ def report() -> str:
             f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {final} | {regress} | "
             f"{100 * np.mean(extra):.0f}% | {f'{certified} of {certs}' if certs else 'none computed'} |"
         )
+    held, para = per_question(list(TEAMTR_TABLE))
+    lines += paired_table(held, para, [(v, "joint") for v in TEAMTR_TABLE if v != "joint"])
     lines += certificate_table(runs)
     lines += certificate_check_table()
     return "\n".join(lines) + "\n"
@@ -146,12 +148,7 @@ def coach_report() -> str:
     """Issue 21: held-out success of the three coaches before and after training over seeds, on the generated
     split and the paraphrased set; their paired differences; the agents' behaviour before and after."""
     coaches = ["joint", *COACHES]
-    held = {v: {s: ends(df) for s, df in runs.items()} for v, runs in load(".questions").items() if v in coaches}
-    para = {
-        v: {s: df.set_index("task_id")["success"] for s, df in runs.items()}
-        for v, runs in load(".paraphrased").items()
-        if v in coaches
-    }
+    held, para = per_question(coaches)
     base = OUT / "base.paraphrased.csv"
     base = pd.read_csv(base).set_index("task_id")["success"] if base.exists() else None
     lines = [
@@ -194,7 +191,24 @@ def coach_report() -> str:
             "-" if base is None else ci([paired(x, base) for x in unseen]),
         ]
         lines.append(f"| {' | '.join(cells)} |")
-    lines += [
+    lines += paired_table(held, para, list(combinations([v for v in coaches if v in held], 2)))
+    return "\n".join(lines + agents_table(coaches)) + "\n"
+
+
+def per_question(variants: list[str]) -> tuple[dict, dict]:
+    """variant -> seed -> `ends` of its held-out questions table; variant -> seed -> paraphrased success by task."""
+    held = {v: {s: ends(df) for s, df in runs.items()} for v, runs in load(".questions").items() if v in variants}
+    para = {
+        v: {s: df.set_index("task_id")["success"] for s, df in runs.items()}
+        for v, runs in load(".paraphrased").items()
+        if v in variants
+    }
+    return held, para
+
+
+def paired_table(held: dict, para: dict, pairs: list[tuple[str, str]]) -> list[str]:
+    """Lines of the paired differences A − B over the seeds both have, held-out and paraphrased."""
+    lines = [
         "",
         "Paired differences A − B (the same training seed and question; the untrained team is one, so on "
         "the paraphrased set a difference in gain is the difference after):",
@@ -202,8 +216,10 @@ def coach_report() -> str:
         "| A − B | seeds | held-out after | held-out gain | paraphrased after |",
         "|---|---|---|---|---|",
     ]
-    for a, b in combinations([v for v in coaches if v in held], 2):
-        seeds = sorted(set(held[a]) & set(held[b]))
+    for a, b in pairs:
+        seeds = sorted(set(held.get(a, {})) & set(held.get(b, {})))
+        if not seeds:
+            continue
         gain = [paired(held[a][s][1] - held[a][s][0], held[b][s][1] - held[b][s][0]) for s in seeds]
         both = sorted(set(para.get(a, {})) & set(para.get(b, {})))
         lines.append(
@@ -211,7 +227,7 @@ def coach_report() -> str:
             f"{ci([paired(held[a][s][1], held[b][s][1]) for s in seeds])} | {ci(gain)} | "
             f"{ci([paired(para[a][s], para[b][s]) for s in both])} |"
         )
-    return "\n".join(lines + agents_table(coaches)) + "\n"
+    return lines
 
 
 def ends(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, int]:

@@ -156,6 +156,16 @@ def test_the_teamtr_table_reads_only_per_iteration_csvs(synthetic):
     assert row(text, "| joint |")[:2] == ["joint", "0"] and "| blind |" not in text and "| outcome |" not in text
 
 
+def test_the_teamtr_table_pairs_each_variant_with_joint(synthetic):
+    # teamtr, seed 1 only: after [1, 1, 0, 0, 0] against joint's [1, 1, 1, 1, 0] -> -2/5; paraphrased
+    # [0, 0, 0, 0, 0] against joint's [1, 1, 1, 0, 0] -> -3/5
+    questions({0: BEFORE[1], 4: [1, 1, 0, 0, 0]}).to_csv(synthetic / "teamtr-s1.questions.csv", index=False)
+    questions({4: [0, 0, 0, 0, 0]}).to_csv(synthetic / "teamtr-s1.paraphrased.csv", index=False)
+    cells = row(strategies_report.report(), "| teamtr − joint |")
+    assert cells[1] == "1" and [interval(c)[0] for c in cells[2:]] == [-0.4, -0.4, -0.6]
+    assert "| joint − " not in strategies_report.report()  # joint is the reference, not a row
+
+
 def test_report_write_replaces_only_its_sections(synthetic, tmp_path_factory, monkeypatch):
     readme = tmp_path_factory.mktemp("readme") / "README.md"
     other = "## Another benchmark\n\nIts text, untouched.\n"
