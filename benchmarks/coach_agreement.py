@@ -85,25 +85,23 @@ def freeze(episodes: list[tuple[str, Episode]], dest: Path) -> list[tuple[str, E
 
     out: list[tuple[str, Episode]] = []
     for run_dir in dict.fromkeys(r for r, _ in episodes):
-        mine = [e for r, e in episodes if r == run_dir]
+        parts: dict[tuple[int, str], set[str]] = {}  # (iteration, phase) -> its sampled episode ids
+        for e in (e for r, e in episodes if r == run_dir):
+            parts.setdefault((int(e.actions[0]["iteration"]), str(e.actions[0]["phase"])), set()).add(e.episode_id)
+        parts = dict(sorted(parts.items()))
         target = dest / Path(run_dir).name
         if Path(run_dir).resolve() != target.resolve():
             if target.exists():
                 shutil.rmtree(target)
             target.mkdir(parents=True)
             shutil.copy(Path(run_dir) / "config.yaml", target / "config.yaml")
-            parts = sorted({(int(e.actions[0]["iteration"]), str(e.actions[0]["phase"])) for e in mine})
-            ids = {e.episode_id for e in mine}
-            for it, ph in parts:
+            for (it, ph), ids in parts.items():
                 for table in ("episodes", "actions"):
                     rows = store.read_table(run_dir, table, it, ph)
                     rows = rows[rows["episode_id"].isin(ids)]
                     store.write_partition(target, table, it, ph, rows.to_dict("records"), name="sample")
-        keys = {(int(e.actions[0]["iteration"]), e.episode_id) for e in mine}
-        for it, ph in sorted({(int(e.actions[0]["iteration"]), str(e.actions[0]["phase"])) for e in mine}):
-            out += [
-                (str(target), e) for e in load_partition_episodes(str(target), it, ph) if (it, e.episode_id) in keys
-            ]
+        for (it, ph), ids in parts.items():
+            out += [(str(target), e) for e in load_partition_episodes(str(target), it, ph) if e.episode_id in ids]
     return out
 
 

@@ -44,6 +44,18 @@ def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_
     # the sample frozen into a run folder of its own: the same episodes, and scoring from it asks for nothing
     frozen = ca.freeze(episodes, tmp_path / "sample")
     (folder,) = {r for r, _ in frozen}
+    from infra import store
+
+    # the folder holds the sampled episodes and their actions, nothing else
+    assert len(store.read_table(folder, "episodes")) == len(episodes)
+    assert len(store.read_table(folder, "actions")) == actions
+    from tasks.coach_evaluate import load_partition_episodes
+
+    # episode ids repeat across iterations: one id of iteration 1 and another of iteration 2 copy two episodes
+    one, two = (load_partition_episodes(str(run_dir), it, "rollout")[k] for it, k in ((1, 0), (2, 1)))
+    picked = ca.freeze([(str(run_dir), one), (str(run_dir), two)], tmp_path / "picked")
+    kept = store.read_table(picked[0][0], "episodes")
+    assert sorted(zip(kept["iteration"], kept["episode_id"])) == [(1, one.episode_id), (2, two.episode_id)]
     assert [e.episode_id for _, e in frozen] == [e.episode_id for _, e in episodes]
     assert [a["response_text"] for _, e in frozen for a in e.actions] == [
         a["response_text"] for _, e in episodes for a in e.actions
