@@ -83,7 +83,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     preset: str = Field("custom", description="name of the preset this config came from")
-    seed: int = Field(0, ge=0, description="the same seed gives the same tables")
+    seed: int = Field(0, ge=0, description="the same seed gives the same tables on the same CPU type and thread count")
     iterations: int = Field(2, ge=0, le=100000, description="training iterations")
     evaluate: bool = Field(
         True, description="evaluate on the held-out split before the first and after the last iteration"
