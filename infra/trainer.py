@@ -80,6 +80,11 @@ def by_prompt(items: list[TrainItem]) -> list[TrainItem]:
     return [items[i] for i in prompt_order(items)]
 
 
+def zero_advantage(it: TrainItem) -> bool:
+    """Whether every trained token of `it` has advantage 0 (a NaN counts as non-zero)."""
+    return not any(a for a, m in zip(it.advantages, it.mask) if m)
+
+
 def accumulate(
     mb: list[TrainItem],
     micro_batch_size: int,
@@ -88,6 +93,7 @@ def accumulate(
     backward: Callable,
     rank: int = 0,
     world: int = 1,
+    skip_zero: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
 
@@ -95,9 +101,18 @@ def accumulate(
     micro-batch). Micro-batches bound activation memory; weighting each one's token-mean loss by its
     share of the minibatch's tokens makes the summed gradient the minibatch token-mean's, whatever
     the order, so samples that share a prompt are put together (`by_prompt`). With `world` ranks, rank
-    r takes micro-batches r, r + world, ...: its loss, stats and gradients are its part of the sum."""
+    r takes micro-batches r, r + world, ...: its loss, stats and gradients are its part of the sum.
+
+    `skip_zero` (for a loss whose every token term is its advantage times a function of the ratio): the
+    samples whose advantages are 0 on every trained token get no forward pass. Their gradient is exactly 0
+    and their tokens still count in the minibatch's, so the gradient is the one without skipping; the stats
+    are then over the other samples. With none left, one micro-batch still runs, so that the optimizer steps
+    on zero gradients as it would have."""
     mb = by_prompt(mb)
     mb_tokens = max(1, sum(sum(it.mask) for it in mb))
+    if skip_zero:
+        mb = [it for it in mb if not zero_advantage(it)] or mb[:micro_batch_size]
+    stats_tokens = max(1, sum(sum(it.mask) for it in mb))
     loss_sum = 0.0
     stats_sum: dict[str, float] = {}
     starts = range(0, len(mb), micro_batch_size)
@@ -106,11 +121,11 @@ def accumulate(
         logp = forward(micro, m0 == starts[-1])
         old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
         loss, stats = loss_fn(logp, old, adv, mask)
-        share = mask.sum().item() / mb_tokens
+        share, stats_share = mask.sum().item() / mb_tokens, mask.sum().item() / stats_tokens
         backward(loss * share)
         loss_sum += loss.item() * share
         for k, v in stats.items():
-            stats_sum[k] = stats_sum.get(k, 0.0) + v * share
+            stats_sum[k] = stats_sum.get(k, 0.0) + v * stats_share
     return loss_sum, stats_sum
 
 
@@ -131,6 +146,7 @@ class TrainSpec:
     on_step: Callable[[], None] | None = field(default=None, compare=False)  # after every optimizer step
     rank: int = 0  # this process's rank among `world` training ranks (torch.distributed, infra/ranks.py)
     world: int = 1
+    skip_zero_advantage: bool = False  # no forward pass for samples whose advantages are all 0 (`accumulate`)
 
 
 class Steps(Protocol):
@@ -179,7 +195,14 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
         for mb in minibatches(items, spec.epochs, spec.minibatch_size, spec.seed):
             steps.zero_grad()
             loss_sum, stats = accumulate(
-                mb, spec.micro_batch_size, steps.forward, loss_fn, steps.backward, spec.rank, spec.world
+                mb,
+                spec.micro_batch_size,
+                steps.forward,
+                loss_fn,
+                steps.backward,
+                spec.rank,
+                spec.world,
+                spec.skip_zero_advantage,
             )
             if spec.world > 1:  # every rank decides on the whole minibatch's loss and KL
                 loss_sum, stats = all_sum(loss_sum, stats)

@@ -8,6 +8,10 @@ from infra.plugins import Registry
 
 # algorithm.loss -> loss(logp, old_logp, adv, mask, clip_eps) -> (loss, stats); every [B, L] tensor padded
 LOSSES: Registry = Registry("loss")
+# the losses whose every token term is A times a function of the ratio: a sample with A = 0 on each trained
+# token has a zero gradient, so the trainer skips its forward pass (GRPO groups whose trajectories all scored
+# the same). A registered loss with a term of its own (an entropy bonus, a KL to a reference) stays out.
+ADVANTAGE_WEIGHTED: set[str] = set()
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -38,3 +42,6 @@ def ppo_clip_loss(
             "surrogate": masked_mean(unclipped, mask).item(),
         }
     return loss, stats
+
+
+ADVANTAGE_WEIGHTED.add("ppo_clip")

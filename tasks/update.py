@@ -32,7 +32,7 @@ from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, kl_penalty, token_rewards
 from tasks.certificate import Bound, Segment, bound, episode_terms, team_advantages
 from tasks.decoupled import Turn, join_turns
-from tasks.losses import LOSSES
+from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES
 from tasks.stage import stage
 from tasks.trust_region import kl_tok
 
@@ -350,6 +350,7 @@ def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, ver
         seed=ctx.seed_for("update", iteration, phase, agent),
         optimizer_state=checkpoint_dir(ctx.run_dir, agent, version_before) / OPTIMIZER,
         temperature=ctx.config.rollout.temperature,
+        skip_zero_advantage=cfg.loss in ADVANTAGE_WEIGHTED,
         **more,
     )
 

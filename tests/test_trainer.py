@@ -1,11 +1,13 @@
 """The torch trainer: micro-batching changes memory, not the update; non-finite steps are refused."""
 
+from dataclasses import replace
 from functools import partial
 
 import pytest
 import torch
 from conftest import train_items
 
+from infra.generation import response_logprobs
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, by_prompt, train_agent
@@ -17,7 +19,7 @@ def policy():
     return TeamPolicy(ModelConfig(name="tiny", lora_rank=4, lora_alpha=8), ["a"], seed=0)
 
 
-def _gradient(policy, items, micro):
+def _gradient(policy, items, micro, skip_zero=False):
     """One minibatch step with lr = 0: the weights stay put and .grad holds the minibatch gradient."""
     for p in policy.parameters("a"):  # the same adapter weights for every call
         torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
@@ -34,9 +36,69 @@ def _gradient(policy, items, micro):
             max_grad_norm=1e9,
             seed=0,
             micro_batch_size=micro,
+            skip_zero_advantage=skip_zero,
         ),
     )
     return res, [p.grad.detach().clone() for p in policy.parameters("a")]
+
+
+@pytest.fixture
+def forwarded(monkeypatch):
+    """The number of samples each trainer forward pass scores, in call order."""
+    import infra.trainer
+
+    calls: list[int] = []
+
+    def counted(model, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return response_logprobs(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(infra.trainer, "response_logprobs", counted)
+    return calls
+
+
+def _zeroed(items, which):
+    """`items` with the advantages of those at indices `which` set to 0 (a GRPO group that all scored alike)."""
+    return [replace(it, advantages=[0.0] * len(it.advantages)) if i in which else it for i, it in enumerate(items)]
+
+
+def test_zero_advantage_samples_skip_their_forward_and_keep_the_gradient(policy, forwarded):
+    items = _zeroed(train_items(), {0, 2, 3})
+    res_all, full = _gradient(policy, items, micro=2)
+    assert sum(forwarded) == 6
+    forwarded.clear()
+    res_skip, skipped = _gradient(policy, items, micro=2, skip_zero=True)
+    assert sum(forwarded) == 3  # the three samples with a non-zero advantage
+    assert res_skip.tokens == res_all.tokens  # the skipped samples' tokens still weigh in the token mean
+    assert res_skip.loss == pytest.approx(res_all.loss, rel=1e-5)
+    assert sum(g.abs().sum() for g in full) > 0
+    for a, b in zip(full, skipped):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_a_minibatch_of_zero_advantages_still_steps_the_optimizer_as_before(policy, forwarded, tmp_path):
+    """AdamW moves the weights on zero gradients (its momentum): with every sample skippable, one
+    micro-batch still runs, so the weights end where they would have without skipping."""
+    loss = partial(ppo_clip_loss, clip_eps=0.2)
+    spec = TrainSpec(lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=6, max_grad_norm=1.0, seed=0)
+    for p in policy.parameters("a"):
+        torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
+    _, state = train_agent(policy, "a", train_items(), loss, spec)  # momentum for the next update
+    torch.save(state, tmp_path / "optimizer.pt")
+    moved = [p.detach().clone() for p in policy.parameters("a")]
+    ends = []
+    for skip in (False, True):
+        with torch.no_grad():
+            for p, m in zip(policy.parameters("a"), moved):
+                p.copy_(m)
+        forwarded.clear()
+        zero = replace(spec, optimizer_state=tmp_path / "optimizer.pt", skip_zero_advantage=skip)
+        train_agent(policy, "a", _zeroed(train_items(), set(range(6))), loss, zero)
+        assert sum(forwarded) == (2 if skip else 6)  # one micro-batch of micro_batch_size 2
+        ends.append([p.detach().clone() for p in policy.parameters("a")])
+    for a, b in zip(*ends):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+    assert any(not torch.equal(a, m) for a, m in zip(ends[1], moved))
 
 
 def test_micro_batches_give_the_minibatch_gradient(policy):
