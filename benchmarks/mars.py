@@ -6,7 +6,8 @@ model change, on the `deepresearch-smol` preset.
 
 Variants: `shared` (the preset: one model plays System 2 and System 1, as in the paper), `separate` (one
 adapter per system, `pipeline.shared_model=false`) and `no-system1` (System 2 reads the raw search output
-truncated to its budget, `pipeline.system1=false`). Each (variant, seed) is one `teamrl train` process with
+truncated to its budget, `pipeline.system1=false`), and `g8` (the preset's 32 training episodes an iteration as
+4 questions x 8 samples instead of 8 x 4). Each (variant, seed) is one `teamrl train` process with
 a fixed run id (`mars-<variant>-s<seed>` under `--runs-dir`); a run whose folder exists is resumed, so
 killing this script loses at most the stage in progress. When a run ends, its figures go to
 `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and `.questions.csv` (every held-out question at
@@ -49,6 +50,9 @@ VARIANTS = {
     "shared": [],
     "separate": ["pipeline.shared_model=false"],
     "no-system1": ["pipeline.system1=false"],
+    # the same 32 training episodes an iteration as 4 questions x 8: a group more often holds both a success
+    # and a failure (with success rate p, 1 - p^G - (1 - p)^G), and only such a group carries a gradient
+    "g8": ["rollout.questions=4", "rollout.group_size=8"],
 }
 YEAR = re.compile(r"\d{4}")
 
