@@ -111,8 +111,9 @@ def _key(mode: str, run_dir: str, e: Episode) -> tuple[str, str, int, str]:
 
 def score(episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: Path, chunk: int = 4) -> pd.DataFrame:
     """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome.
-    Rows are appended to `csv` every `chunk` episodes, and episodes already there are not scored again,
-    so a stopped measurement goes on where it stopped."""
+    Each `chunk` of episodes is scored in both modes before the next, and its rows appended to `csv`, so a
+    measurement stopped early holds both modes on the same episodes; episodes already there are not scored
+    again, so it goes on where it stopped."""
     from tasks import context
     from tasks.coach import CoachConfig
     from tasks.coach_evaluate import score_clean
@@ -121,46 +122,50 @@ def score(episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: P
     if csv.exists():
         old = pd.read_csv(csv)
         done = set(zip(old["mode"], old["run"], old["iteration"].astype(int), old["episode_id"]))
-    for truth, run_dir in [(t, r) for t in (True, False) for r in dict.fromkeys(r for r, _ in episodes)]:
-        mode = "with answer" if truth else "without answer"
+    for run_dir in dict.fromkeys(r for r, _ in episodes):
         ctx = context.of(run_dir)
         pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
-        cfg = CoachConfig(
-            **base | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
-        )
-        todo = [e for r, e in episodes if r == run_dir and _key(mode, r, e) not in done]
-        for k in range(0, len(todo), chunk):
-            part = todo[k : k + chunk]
-            t0 = time.perf_counter()
-            results = score_clean(run_dir, cfg, part)
-            per_action = (time.perf_counter() - t0) / max(1, sum(map(len, results)))
-            rows = []
-            for e, rs in zip(part, results):
-                aware, blind = pipe.rubric(e, True), pipe.rubric(e, False)
-                for a, r, (aware_score, _), (blind_score, _) in zip(e.actions, rs, aware, blind):
-                    rows.append(
-                        {
-                            "mode": mode,
-                            "run": Path(run_dir).name,
-                            "episode_id": e.episode_id,
-                            "iteration": int(a["iteration"]),
-                            "agent": a["agent"],
-                            "llm": r.score,
-                            "status": r.status,
-                            "latency_s": r.latency_s,
-                            "wall_per_action_s": per_action,
-                            "rubric": aware_score,
-                            "blind_rubric": blind_score,
-                            "outcome": e.outcome,
-                            "rationale": r.rationale[:200],
-                        }
-                    )
-            pd.DataFrame(rows).to_csv(csv, mode="a", header=not csv.exists(), index=False)
-            print(
-                f"{mode}, {Path(run_dir).name}: {k + len(part)}/{len(todo)} episodes scored, "
-                f"{per_action:.1f} s per action",
-                flush=True,
-            )
+        mine = [e for r, e in episodes if r == run_dir]
+        for k in range(0, len(mine), chunk):
+            for truth in (True, False):
+                mode = "with answer" if truth else "without answer"
+                part = [e for e in mine[k : k + chunk] if _key(mode, run_dir, e) not in done]
+                if not part:
+                    continue
+                cfg = CoachConfig(
+                    **base
+                    | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
+                )
+                t0 = time.perf_counter()
+                results = score_clean(run_dir, cfg, part)
+                per_action = (time.perf_counter() - t0) / max(1, sum(map(len, results)))
+                rows = []
+                for e, rs in zip(part, results):
+                    aware, blind = pipe.rubric(e, True), pipe.rubric(e, False)
+                    for a, r, (aware_score, _), (blind_score, _) in zip(e.actions, rs, aware, blind):
+                        rows.append(
+                            {
+                                "mode": mode,
+                                "run": Path(run_dir).name,
+                                "episode_id": e.episode_id,
+                                "iteration": int(a["iteration"]),
+                                "agent": a["agent"],
+                                "llm": r.score,
+                                "status": r.status,
+                                "latency_s": r.latency_s,
+                                "wall_per_action_s": per_action,
+                                "rubric": aware_score,
+                                "blind_rubric": blind_score,
+                                "outcome": e.outcome,
+                                "rationale": r.rationale[:200],
+                            }
+                        )
+                pd.DataFrame(rows).to_csv(csv, mode="a", header=not csv.exists(), index=False)
+                print(
+                    f"{Path(run_dir).name}: episodes {k + 1}-{k + len(mine[k : k + chunk])} of {len(mine)} "
+                    f"scored {mode}, {per_action:.1f} s per action",
+                    flush=True,
+                )
     df = pd.read_csv(csv)
     wanted = {_key(m, r, e) for m in ("with answer", "without answer") for r, e in episodes}
     keys = zip(df["mode"], df["run"], df["iteration"].astype(int), df["episode_id"])
@@ -224,6 +229,8 @@ def main() -> None:
 
         with transformers_serve(model) as url:
             df = score(episodes, url, model, csv)
+    # a measurement stopped early: the episodes scored in both modes, so the modes compare on the same actions
+    df = df[df.groupby(["run", "iteration", "episode_id"])["mode"].transform("nunique") == 2]
     command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
     text = (
         "\n".join(

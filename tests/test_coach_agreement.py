@@ -28,6 +28,12 @@ def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_
     assert df.groupby("mode")["agent"].apply(sorted).map(tuple).nunique() == 1  # the same actions in each mode
     asked = server.hits["ok"]
     assert asked == 2 * actions
+    # each chunk in both modes before the next: stopped early, the modes hold the same episodes
+    order = pd.read_csv(csv).drop_duplicates(["iteration", "episode_id", "mode"])
+    modes = ("with answer", "without answer")
+    assert list(zip(order["iteration"], order["episode_id"], order["mode"])) == [
+        (int(e.actions[0]["iteration"]), e.episode_id, m) for _, e in episodes for m in modes
+    ]
 
     ca.score(episodes, server.url("ok"), "coach", csv)  # all there: nothing asked
     assert server.hits["ok"] == asked
