@@ -28,3 +28,7 @@ VARIANTS = {
     **COACHES,
 }
 TEAMTR_TABLE = [v for v in VARIANTS if v not in COACHES]  # the coaches have their own section
+# (variant, seed) runs whose certificates came from each agent's own advantage with a span of 1, before the
+# team's advantage (tasks/certificate.py team_advantages): their success figures count, but their
+# certificates are left out of the certificate figures rather than pooled with the team-advantage ones
+OWN_ADVANTAGE_CERTIFICATES = {("teamtr", 0)}

@@ -167,15 +167,26 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
         )
 
     monkeypatch.setattr(strategies_report, "OUT", tmp_path)
+    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", set())
     run((0.2, 0.4), -0.5).to_csv(tmp_path / "teamtr-s0.csv", index=False)
     run((0.2, 0.1), 0.1).to_csv(tmp_path / "teamtr-s1.csv", index=False)
     text = strategies_report.report()
     row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
     assert "0: 0.20 ± 0.00, 2: 0.25 ± 0.21" in row  # (0.4 + 0.1) / 2, sd sqrt(0.045)
     assert "s0: 0.40, s1: 0.10" in row and "| 1 |" in row  # one held-out regression (seed 1)
-    assert "| 25% |" in row and "1 of 12" in row  # 40 of 32 episodes; one positive certificate of 2 x 2 x 3
+    assert "| 25% |" in row and "1 of 12 (seeds 0, 1)" in row  # 40 of 32 episodes; one positive of 2 x 2 x 3
     cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
     assert "-0.2000 ± 0.4243" in cert and "0.05 ± 0.21" in cert  # stage certificates; held-out changes +0.2, -0.1
+    assert "Left out" not in text
+
+    # seed 0's certificates from the agents' own advantages: its success stays, its certificates go
+    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
+    text = strategies_report.report()
+    row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
+    assert "s0: 0.40, s1: 0.10" in row and "1 of 6 (seeds 1)" in row
+    cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
+    assert "0.1000 (one seed)" in cert and "-0.10 (one seed)" in cert
+    assert "Left out of every certificate figure: teamtr seed 0," in text
 
 
 @pytest.mark.slow

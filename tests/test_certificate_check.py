@@ -83,6 +83,7 @@ def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
     import strategies_report
 
     monkeypatch.setattr(strategies_report, "OUT", tmp_path)
+    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", set())
     assert strategies_report.certificate_check_table() == []
     for seed, dj in ((0, 0.02), (1, -0.01)):
         pd.DataFrame(
@@ -104,3 +105,5 @@ def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
     # 2 updates; dJ_hat - certificate = (0.07 + 0.04) / 2; four batches each with coefficient 1/2
     half = cc.Z95_TWO_SIDED * math.sqrt(4 * 0.25 * 0.01**2)
     assert f"+0.0550 ± {half:.4f}" in row and row.split("|")[-2].strip() == "0"
+    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
+    assert "**teamtr** (seeds 1)" in strategies_report.certificate_check_table()
