@@ -228,6 +228,11 @@ class TeamPolicy:
         self._loaded[agent] = (_key(run_dir), version)
         return final
 
+    def changing(self, agent: str) -> None:
+        """Agent `agent`'s weights are about to change in memory (an update): until `save` records them as a
+        version, they are no version's, so `load` reads the checkpoint again (after a failed update, say)."""
+        self._loaded[self.unit(agent)] = ("<changed>", -1)
+
     def load(self, run_dir: str | Path, agent: str, version: int) -> None:
         """Load agent's weights at `version` of run `run_dir`; version 0 without a checkpoint = the initial weights."""
         agent = self.unit(agent)

@@ -245,6 +245,7 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
     with policy.acting(agent) as model:
         targets = target_logprobs(model, probe, pad, temperature, cfg.micro_batch_size)
     policy.load(run_dir, agent, 0)  # the new agent: a fresh adapter / a fresh copy of the base
+    policy.changing(agent)
     with progress_bar(f"stage-0 {agent} it={iteration}", cfg.max_steps) as advance:
         res = align_weights(
             policy,

@@ -267,6 +267,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
         trainer = ctx.trainer()
         ctx.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
+        policy.changing(agent)
         world = ctx.config.engines.train_ranks
         # with several ranks, this process is rank 0 and keeps the result: the rest of the update is as for one
         with (
@@ -374,6 +375,7 @@ def train_rank(
     minibatch (infra/trainer.py `accumulate`); rank 0 keeps the result."""
     ctx = context.of(run_dir)
     ctx.policy.load(run_dir, agent, version_before)
+    ctx.policy.changing(agent)  # rank 0 saves the result; here the weights become no version's
     items, _ = batch_of(run_dir, iteration, phase, agent)
     # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
     spec = spec_of(

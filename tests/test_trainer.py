@@ -161,3 +161,19 @@ def test_non_finite_loss_skips_and_restores(policy):
     assert res.skipped and state is None and "non-finite" in res.reason
     for a, b in zip(before, policy.parameters("a")):
         assert torch.equal(a, b)
+
+
+def test_after_an_update_that_never_saved_load_reads_the_checkpoint(policy, tmp_path):
+    """`load` skips the version it holds; weights an update changed (`changing`) are no version's until
+    saved, so after an update that failed before its save, loading the version it started from restores it."""
+    for p in policy.parameters("a"):
+        torch.nn.init.normal_(p, std=0.02)
+    policy.save(tmp_path, "a", 1)
+    saved = [p.detach().clone() for p in policy.parameters("a")]
+    policy.changing("a")
+    spec = TrainSpec(lr=1e-2, weight_decay=0.0, epochs=1, minibatch_size=6, max_grad_norm=1.0, seed=0)
+    train_agent(policy, "a", train_items(), partial(ppo_clip_loss, clip_eps=0.2), spec)
+    assert any(not torch.equal(p, s) for p, s in zip(policy.parameters("a"), saved))
+    policy.load(tmp_path, "a", 1)
+    for p, s in zip(policy.parameters("a"), saved):
+        assert torch.equal(p, s)
