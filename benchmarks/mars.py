@@ -28,7 +28,6 @@ answer kind.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -39,8 +38,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.coach_evidence import paired, seed_bootstrap  # noqa: E402
-from benchmarks.common import write_section  # noqa: E402
-from benchmarks.seeds import load_tables, run_and_record  # noqa: E402
+from benchmarks.seeds import cli, load_tables, parser, run_and_record, wall_minutes  # noqa: E402
 from benchmarks.strategies_report import mean_sd  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "mars"
@@ -177,19 +175,11 @@ def questions(run_dir: Path) -> pd.DataFrame:
 
 
 def run(variant: str, seed: int, args: argparse.Namespace) -> None:
-    csv = OUT / f"{variant}-s{seed}.csv"
-    run_id = f"mars-{variant}-s{seed}"
-    if csv.exists():
-        print(f"{csv.name}: done, skipped", flush=True)
-        return
-    sets = [*VARIANTS[variant], f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}"]
-    sets += args.extra
-
     def write(run_dir: Path) -> None:
         questions(run_dir).to_csv(OUT / f"{variant}-s{seed}.questions.csv", index=False, float_format="%.6g")
-        per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g")
+        per_iteration(run_dir).to_csv(OUT / f"{variant}-s{seed}.csv", index=False, float_format="%.6g")
 
-    run_and_record(OUT, args, variant, seed, run_id, sets, write)
+    run_and_record(OUT, args, variant, seed, f"mars-{variant}-s{seed}", VARIANTS[variant], write)
 
 
 def load(kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
@@ -205,11 +195,7 @@ def before_after(evals: list[pd.DataFrame], first: int, last: int, col: str) -> 
 
 def report() -> str:
     runs, qs = load(), load(".questions")
-    walls: dict[tuple[str, int], float] = {}
-    if (OUT / "runs.jsonl").exists():
-        for line in (OUT / "runs.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            walls[(r["variant"], r["seed"])] = walls.get((r["variant"], r["seed"]), 0.0) + r["wall_s"]
+    walls = wall_minutes(OUT)
     lines = [
         SECTION,
         "",
@@ -238,7 +224,7 @@ def report() -> str:
             q = qs[variant][s].set_index("task_id")
             diffs.append(paired(q[q["iteration"] == last]["em"], q[q["iteration"] == first]["em"]))
         gain, lo, hi = seed_bootstrap(diffs)
-        wall = [walls[(variant, s)] / 60 for s in seeds if (variant, s) in walls]
+        wall = [walls[(variant, s)] for s in seeds if (variant, s) in walls]
         cells = [before_after(evals, first, last, c) for c in ("heldout_f1", "heldout_em_year", "heldout_em_name")]
         lines.append(
             f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {gain:+.2f} [{lo:+.2f}, {hi:+.2f}] | "
@@ -314,27 +300,17 @@ def funnel(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="deepresearch-smol")
-    ap.add_argument("--variants", nargs="+", default=["shared"], choices=list(VARIANTS))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--iterations", type=int, default=6)
-    ap.add_argument("--eval-every", type=int, default=2)
-    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "mars"))
-    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra key=value overrides")
-    ap.add_argument("--note", default="", help="recorded with each run, e.g. what else shared the CPUs")
-    ap.add_argument("--report", action="store_true", help="print the tables from the recorded CSVs")
-    ap.add_argument("--write", action="store_true", help="with --report: replace the section in benchmarks/README.md")
-    args = ap.parse_args()
-    if args.report:
-        text = report()
-        print(text)
-        if args.write and load():
-            write_section(README, SECTION, text)
-        return
-    for seed in args.seeds:
-        for variant in args.variants:
-            run(variant, seed, args)
+    ap = parser(
+        __doc__,
+        preset="deepresearch-smol",
+        variants=list(VARIANTS),
+        default=["shared"],
+        seeds=[0, 1],
+        iterations=6,
+        eval_every=2,
+        runs_dir=ROOT / "runs" / "mars",
+    )
+    cli(ap, OUT, README, SECTION, report, run)
 
 
 if __name__ == "__main__":

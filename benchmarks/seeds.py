@@ -4,6 +4,7 @@ resumable `teamrl train` process per (variant, seed) with a fixed run id, a summ
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -15,15 +16,22 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.coach_evidence import teamrl
+from benchmarks.common import write_section
 
 
 def run_and_record(
-    out: Path, args, variant: str, seed: int, run_id: str, sets: list[str], write: Callable[[Path], None]
+    out: Path, args, variant: str, seed: int, run_id: str, overrides: list[str], write: Callable[[Path], None]
 ) -> None:
-    """Train run `run_id` (`args.preset`, under `args.runs_dir`) with the overrides `sets`, or resume it where
-    its folder exists; then `write(run folder)` its figures and append its summary row (wall time, whether
-    it was resumed, the machine, `args.note`) to `out`/runs.jsonl. A failed run stops the script with how
-    to go on."""
+    """Train run `run_id` (`args.preset`, under `args.runs_dir`) with the variant's `overrides` and the
+    command line's iterations, evaluation interval, seed and --set, or resume it where its folder exists;
+    then `write(run folder)` its figures (`out`/<variant>-s<seed>.csv at least) and append its summary row
+    (wall time, whether it was resumed, the machine, `args.note`) to `out`/runs.jsonl. A run whose CSV
+    exists has ended and is skipped. A failed run stops the script with how to go on."""
+    if (csv := out / f"{variant}-s{seed}.csv").exists():
+        print(f"{csv.name}: done, skipped", flush=True)
+        return
+    sets = [*overrides, f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}"]
+    sets += args.extra
     runs_dir = Path(args.runs_dir)
     resumed = (runs_dir / run_id).exists()
     cmd = ["train", args.preset, "--set", f"run.dir={runs_dir}"]
@@ -47,3 +55,68 @@ def load_tables(out: Path, kind: str = "") -> dict[str, dict[int, pd.DataFrame]]
         if m := re.fullmatch(rf"(.+)-s(\d+){re.escape(kind)}\.csv", f.name):
             tables.setdefault(m[1], {})[int(m[2])] = pd.read_csv(f)
     return tables
+
+
+def wall_minutes(out: Path) -> dict[tuple[str, int], float]:
+    """(variant, seed) -> minutes of its `teamrl train` processes (a resumed run: the sum), from runs.jsonl."""
+    walls: dict[tuple[str, int], float] = {}
+    if (out / "runs.jsonl").exists():
+        for line in (out / "runs.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            walls[(r["variant"], r["seed"])] = walls.get((r["variant"], r["seed"]), 0.0) + r["wall_s"] / 60
+    return walls
+
+
+def parser(
+    doc: str,
+    *,
+    preset: str,
+    variants: list[str],
+    default: list[str],
+    seeds: list[int],
+    iterations: int,
+    eval_every: int,
+    runs_dir: Path,
+) -> argparse.ArgumentParser:
+    """The options every runner over seeds has; a runner adds its own."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--preset", default=preset)
+    ap.add_argument("--variants", nargs="+", default=default, choices=variants)
+    ap.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    ap.add_argument("--iterations", type=int, default=iterations)
+    ap.add_argument("--eval-every", type=int, default=eval_every)
+    ap.add_argument("--runs-dir", default=str(runs_dir))
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra key=value overrides")
+    ap.add_argument("--note", default="", help="recorded with each run, e.g. what else shared the CPUs")
+    ap.add_argument("--report", action="store_true", help="print the tables from the recorded CSVs")
+    ap.add_argument(
+        "--write", action="store_true", help="with --report: replace the section(s) in benchmarks/README.md"
+    )
+    return ap
+
+
+def run_all(args: argparse.Namespace, run: Callable[[str, int, argparse.Namespace], None]) -> None:
+    """`run` each (variant, seed), seed by seed, so an interrupted sweep has whole seeds."""
+    for seed in args.seeds:
+        for variant in args.variants:
+            run(variant, seed, args)
+
+
+def cli(
+    ap: argparse.ArgumentParser,
+    out: Path,
+    readme: Path,
+    section: str,
+    report: Callable[[], str],
+    run: Callable[[str, int, argparse.Namespace], None],
+) -> None:
+    """Run what the command line asks: the report (written to `readme` under `section` with --write, once
+    there are runs), or the runs."""
+    args = ap.parse_args()
+    if args.report:
+        text = report()
+        print(text)
+        if args.write and load_tables(out):
+            write_section(readme, section, text)
+        return
+    run_all(args, run)

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.certificate_check import comparisons  # noqa: E402
 from benchmarks.coach_evidence import write_figures  # noqa: E402
-from benchmarks.seeds import run_and_record  # noqa: E402
+from benchmarks.seeds import parser, run_all, run_and_record  # noqa: E402
 from benchmarks.strategies_report import print_report  # noqa: E402
 from benchmarks.strategies_variants import OUT, VARIANTS  # noqa: E402
 
@@ -85,23 +85,17 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 def run(variant: str, seed: int, args: argparse.Namespace) -> None:
     csv = OUT / f"{variant}-s{seed}.csv"
-    run_id, runs_dir = f"abl-{variant}-s{seed}", Path(args.runs_dir)
-    if csv.exists():
-        print(f"{csv.name}: done, skipped", flush=True)
-        figures(variant, seed, runs_dir)
-        return
     sets = [s.format(delta=args.kl_delta) for s in VARIANTS[variant]]
-    sets += [f"iterations={args.iterations}", f"eval_every={args.eval_every}", f"seed={seed}", *args.extra]
     run_and_record(
         OUT,
         args,
         variant,
         seed,
-        run_id,
+        f"abl-{variant}-s{seed}",
         sets,
         lambda run_dir: per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g"),
     )
-    figures(variant, seed, runs_dir)
+    figures(variant, seed, Path(args.runs_dir))
 
 
 def figures(variant: str, seed: int, runs_dir: Path) -> None:
@@ -121,27 +115,22 @@ def figures(variant: str, seed: int, runs_dir: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="mathchat-smol")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--iterations", type=int, default=4)
-    ap.add_argument("--eval-every", type=int, default=2)
+    ap = parser(
+        __doc__,
+        preset="mathchat-smol",
+        variants=list(VARIANTS),
+        default=list(VARIANTS),
+        seeds=[0, 1, 2],
+        iterations=4,
+        eval_every=2,
+        runs_dir=ROOT / "runs" / "ablation",
+    )
     ap.add_argument("--kl-delta", type=float, default=0.05)
-    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "ablation"))
-    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra key=value overrides")
-    ap.add_argument("--note", default="", help="recorded with each run, e.g. what else shared the CPUs")
     ap.add_argument(
         "--backfill",
         metavar="RUNS_DIR",
         help="write the missing per-question, per-agent and "
         "paraphrased figures of the ended runs (those with a CSV) in RUNS_DIR, then stop",
-    )
-    ap.add_argument("--report", action="store_true", help="print the tables from the recorded CSVs")
-    ap.add_argument(
-        "--write",
-        action="store_true",
-        help="with --report: replace the sections in benchmarks/README.md (each only once it has runs)",
     )
     args = ap.parse_args()
     if args.report:
@@ -155,9 +144,7 @@ def main() -> None:
                 if (OUT / f"{variant}-s{seed}.csv").exists():
                     figures(variant, seed, Path(args.backfill))
         return
-    for seed in args.seeds:
-        for variant in args.variants:
-            run(variant, seed, args)
+    run_all(args, run)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,16 @@ def mars_run(prefect_harness, tmp_path_factory):
     return root, train(config=load_config("deepresearch-tiny", [f"run.dir={root}", "run.id=mars", *MARS]))
 
 
+@pytest.fixture(scope="session")
+def dsbench_run(prefect_harness, tmp_path_factory):
+    """The dsbench-tiny preset (programs run in the sandbox) for one iteration, evaluated before and after."""
+    from flows.config import load_config
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("runs")
+    return train(config=load_config("dsbench-tiny", [f"run.dir={root}", "run.id=ds", "iterations=1"]))
+
+
 @pytest.fixture(scope="module")
 def policy():
     """Two agents, `a` and `b`, as LoRA adapters on the tiny model (one per test module)."""

@@ -139,15 +139,11 @@ def test_coach_bias_divergence():
 
 
 @pytest.mark.slow
-def test_dsbench_flow_runs_and_monitors_coach_bias(prefect_harness, tmp_path):
-    from flows.config import load_config
-    from flows.train import train
+def test_dsbench_flow_runs_and_monitors_coach_bias(dsbench_run):
     from infra import store
     from tasks.coach_bias import by_task_type
 
-    run_dir = train(
-        config=load_config("dsbench-tiny", [f"run.dir={tmp_path}", "run.id=ds", "iterations=1", "evaluate=false"])
-    )
+    run_dir = dsbench_run
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
     acts = store.load_actions(run_dir, 1, "rollout")
     assert set(acts["agent"]) == {"data_engineer", "modeler", "analyst"} and (acts["tool_name"] == "python").all()
