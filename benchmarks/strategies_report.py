@@ -16,7 +16,7 @@ from benchmarks.certificate_check import summary
 from benchmarks.coach_evidence import paired, seed_bootstrap
 from benchmarks.common import write_section
 from benchmarks.seeds import load_tables
-from benchmarks.strategies_variants import COACHES, OUT, OWN_ADVANTAGE_CERTIFICATES, TEAMTR_TABLE
+from benchmarks.strategies_variants import ABLATION_PAIRS, COACHES, OUT, OWN_ADVANTAGE_CERTIFICATES, TEAMTR_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
@@ -89,7 +89,7 @@ def report() -> str:
             f"{100 * np.mean(extra):.0f}% | {cell} |"
         )
     held, para = per_question(list(TEAMTR_TABLE))
-    lines += paired_table(held, para, [(v, "joint") for v in TEAMTR_TABLE if v != "joint"])
+    lines += paired_table(held, para, [(v, "joint") for v in TEAMTR_TABLE if v != "joint"] + ABLATION_PAIRS)
     lines += certificate_table(runs)
     lines += certificate_check_table()
     old = ", ".join(f"{v} seed {s}" for v, s in sorted(OWN_ADVANTAGE_CERTIFICATES) if s in runs.get(v, {}))

@@ -164,6 +164,11 @@ def test_the_teamtr_table_pairs_each_variant_with_joint(synthetic):
     cells = row(strategies_report.report(), "| teamtr − joint |")
     assert cells[1] == "1" and [interval(c)[0] for c in cells[2:]] == [-0.4, -0.4, -0.6]
     assert "| joint − " not in strategies_report.report()  # joint is the reference, not a row
+    # an ablation pair: teamtr-no-tr, seed 1, after [1, 0, 0, 0, 0]: teamtr − teamtr-no-tr = +1/5
+    questions({0: BEFORE[1], 4: [1, 0, 0, 0, 0]}).to_csv(synthetic / "teamtr-no-tr-s1.questions.csv", index=False)
+    cells = row(strategies_report.report(), "| teamtr − teamtr-no-tr |")
+    assert cells[1] == "1" and [interval(c)[0] for c in cells[2:4]] == [0.2, 0.2] and cells[4] == "-"
+    assert "| teamtr − stale |" not in strategies_report.report()  # no stale run: no row
 
 
 def test_report_write_replaces_only_its_sections(synthetic, tmp_path_factory, monkeypatch):
