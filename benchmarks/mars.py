@@ -166,11 +166,13 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 
 def questions(run_dir: Path) -> pd.DataFrame:
-    """Every greedy held-out episode: iteration, task_id, kind, hops, em, f1, retrieved, found (`reading`)."""
+    """Every greedy held-out episode: iteration, task_id, kind, hops, em, f1, retrieved, found (`reading`),
+    year_reply (System 2's answer is a year, whatever the question asked)."""
     eps = episodes(run_dir)
     ev = eps[(eps["phase"] == "eval") & (eps["greedy"] == 1.0)]
     ev = ev.join(reading(run_dir), on=["iteration", "phase", "episode_id"])
-    cols = ["iteration", "task_id", "kind", "hops", "em", "f1", "retrieved", "found"]
+    ev["year_reply"] = [float(bool(YEAR.fullmatch(str(a or "").strip()))) for a in ev["final_answer"]]
+    cols = ["iteration", "task_id", "kind", "hops", "em", "f1", "retrieved", "found", "year_reply"]
     return ev[cols].sort_values(["iteration", "task_id"])
 
 
@@ -271,10 +273,11 @@ def funnel(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
         "",
         "Where held-out answers are lost, first -> last evaluation: retrieved (the answer is in the search "
         "results), found (it is in what System 2 read: System 1's findings, or the truncated raw text), and "
-        "exact match among the questions where it was found.",
+        "exact match among the questions where it was found; year replies: System 2's answers that are a year, "
+        "whatever the question asked (seeds whose files have the column).",
         "",
-        "| variant | seeds | kind | retrieved | found | EM when found |",
-        "|---|---|---|---|---|---|",
+        "| variant | seeds | kind | retrieved | found | EM when found | year replies |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant in VARIANTS:
         tables = {s: q for s, q in qs.get(variant, {}).items() if "found" in q}
@@ -286,9 +289,11 @@ def funnel(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
             if not all(len(q) for q in of_kind):
                 continue
             cells = []
-            for col in ("retrieved", "found", "em_found"):
+            for col in ("retrieved", "found", "em_found", "year_reply"):
                 ends = []
                 for q in of_kind:
+                    if col == "year_reply" and col not in q:  # a file written before the column
+                        continue
                     its = sorted(q["iteration"].unique())
                     at = [q[q["iteration"] == it] for it in (its[0], its[-1])]
                     ends.append([x["em"][x["found"] == 1].mean() if col == "em_found" else x[col].mean() for x in at])

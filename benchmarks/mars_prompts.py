@@ -8,7 +8,9 @@ System 1 (its first extraction of each episode) scores whether the gold answer i
 2 (its last turn, given the findings System 1 gave it in the run) scores exact match. Edits:
 - System 2: `kind-hint`, the final note names the kind of answer the question asks for (from its wording:
   who, which city, what year, ...); `question-again`, the final note repeats the question;
-  `examples-swapped`, the two worked episodes in the other order (the name example last).
+  `examples-swapped`, the two worked episodes in the other order (the name example last); `name-example`, a
+  third worked episode last, a company question whose findings hold a birth year before the company, answered
+  with the company (untrained, System 2 answers most name questions with a year from its findings).
 - System 1: `purpose-pair`, two worked extractions from one document for two purposes (its founder, then
   its founding year), so the sentence copied depends on the purpose; `purpose-pair-swapped`, the year first.
 Writes `benchmarks/mars/prompts-<run>.csv` (one row per edit and answer kind) and, with --write, the section
@@ -77,6 +79,26 @@ def examples_swapped(prompt: str, question: str) -> str:
     return sep.join([head, episodes[1], episodes[0], episodes[2]])
 
 
+# a company question answered with the company, though its findings give a year first (the example's names
+# and year cannot occur in the corpus, as in prompts.S2_EXAMPLES)
+NAME_EPISODE = (
+    "Which company does Ada Quill work for?",
+    "Ada Quill",
+    "the company Ada Quill works for",
+    ["Ada Quill was born in 1544.", "Ada Quill works for Hexley Press."],
+    "Hexley Press",
+)
+
+
+def name_example(prompt: str, question: str) -> str:
+    q, query, purpose, findings, answer = NAME_EPISODE
+    episode = turn("user", f"Question: {q}") + turn("assistant", f"SEARCH: {query} PURPOSE: {purpose}")
+    episode += turn("user", p.findings_text(purpose, "\n".join(f"- {f}" for f in findings)) + p.FINAL_NOTE)
+    episode += turn("assistant", f"ANSWER: {answer}")
+    head, own = prompt.rsplit("<|im_start|>user\nQuestion:", 1)
+    return head + episode + "<|im_start|>user\nQuestion:" + own
+
+
 def _s1_examples(pairs: list[tuple[str, str]]) -> Callable[[str, str], str]:
     def edit(prompt: str, question: str) -> str:
         system = prompt.split("<|im_end|>\n", 1)[0] + "<|im_end|>\n"
@@ -97,6 +119,7 @@ EDITS: dict[int, dict[str, Callable[[str, str], str]]] = {
         "kind-hint": kind_hint,
         "question-again": question_again,
         "examples-swapped": examples_swapped,
+        "name-example": name_example,
     },
     1: {
         "logged": logged,
@@ -122,7 +145,8 @@ def prompts(run_dir: Path) -> pd.DataFrame:
 
 def replay(table: pd.DataFrame, generate: Callable[[str], str]) -> pd.DataFrame:
     """One row per (system, edit, kind): the share of episodes whose reply holds (System 1) or is (System 2)
-    the gold answer, greedy."""
+    the gold answer, greedy; for System 2 also the share of replies that are a year, and the exact match
+    over the episodes whose findings (the prompt after the episode's question) hold the answer."""
     from pipelines.deepresearch.scoring import exact_match
 
     rows = []
@@ -130,12 +154,22 @@ def replay(table: pd.DataFrame, generate: Callable[[str], str]) -> pd.DataFrame:
         col = f"s{system}_prompt"
         for name, edit in edits.items():
             for e in table.dropna(subset=[col]).itertuples():
-                reply = generate(edit(getattr(e, col), e.question))
+                prompt = getattr(e, col)
+                reply = generate(edit(prompt, e.question))
                 ok = exact_match(reply, e.answer) if system == 2 else contains(reply, e.answer)
-                rows.append({"system": system, "edit": name, "kind": e.kind, "right": float(ok)})
-    return (
-        pd.DataFrame(rows).groupby(["system", "edit", "kind"], sort=False)["right"].agg(["mean", "size"]).reset_index()
-    )
+                row = {"system": system, "edit": name, "kind": e.kind, "right": float(ok)}
+                if system == 2:
+                    read = prompt.rsplit(f"Question: {e.question}", 1)[-1]
+                    row |= {"year_reply": float(bool(YEAR.fullmatch(reply.strip()))), "found": contains(read, e.answer)}
+                rows.append(row)
+    df = pd.DataFrame(rows)
+    by = df.groupby(["system", "edit", "kind"], sort=False)
+    out = by["right"].agg(["mean", "size"])
+    if "found" in df:
+        out["year_reply"] = by["year_reply"].mean()
+        out["em_when_found"] = df[df["found"] == True].groupby(["system", "edit", "kind"], sort=False)["right"].mean()  # noqa: E712
+        out["found"] = by["found"].sum()
+    return out.reset_index()
 
 
 def greedy(max_new_tokens: int = 48) -> Callable[[str], str]:
@@ -164,10 +198,11 @@ def report(results: dict[str, pd.DataFrame]) -> str:
         "Command: `.venv/bin/python benchmarks/mars_prompts.py --run RUN_DIR --write` (the run's iteration-0 "
         "held-out prompts, the untrained model, greedy; edits in the script's docstring). System 1: the share "
         "of its first extractions that hold the gold answer; System 2: exact match of its last reply, given the "
-        "findings it had in the run.",
+        "findings it had in the run; on name questions also the share of its replies that are a year, and its "
+        "exact match where those findings hold the answer.",
         "",
-        "| run | system | edit | name questions | year questions |",
-        "|---|---|---|---|---|",
+        "| run | system | edit | name questions | year questions | name: year replies | name: EM when found |",
+        "|---|---|---|---|---|---|---|",
     ]
     for run, r in results.items():
         for (system, edit), g in r.groupby(["system", "edit"], sort=False):
@@ -175,6 +210,11 @@ def report(results: dict[str, pd.DataFrame]) -> str:
             cells = [
                 f"{by.loc[k, 'mean']:.2f} (of {by.loc[k, 'size']})" if k in by.index else "-" for k in ("name", "year")
             ]
+            name = by.loc["name"] if "name" in by.index else None
+            has = name is not None and "year_reply" in by and not pd.isna(name["year_reply"])
+            cells.append(f"{name['year_reply']:.2f}" if has else "-")
+            found = has and name["found"] > 0
+            cells.append(f"{name['em_when_found']:.2f} (of {int(name['found'])})" if found else "-")
             lines.append(f"| {run} | {system} | {edit} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -71,6 +71,24 @@ def test_system2_edits_change_only_the_episodes_own_turns(tok, pipe):
     with pytest.raises(ValueError, match="two worked episodes"):
         mp.examples_swapped(prompt.split("<|im_start|>user\nQuestion:", 2)[0], QUESTION)
 
+    named = mp.name_example(prompt, QUESTION)
+    assert named.count(note) == 4 and named.startswith(prompt[: prompt.index(f"Question: {QUESTION}")])
+    assert named.endswith(prompt[prompt.index(f"Question: {QUESTION}") :])
+    # the third worked episode comes last, laid out as the pipeline lays out the other two
+    order = [named.index(s) for s in ("Jubb Holdings", "Which company does Ada Quill work for?", QUESTION)]
+    assert order == sorted(order)
+    q, query, purpose, findings, answer = mp.NAME_EPISODE
+    laid_out = tok.apply_chat_template(
+        [
+            {"role": "user", "content": f"Question: {q}"},
+            {"role": "assistant", "content": f"SEARCH: {query} PURPOSE: {purpose}"},
+            {"role": "user", "content": findings_text(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE},
+            {"role": "assistant", "content": f"ANSWER: {answer}"},
+        ],
+        tokenize=False,
+    )
+    assert laid_out.split("<|im_start|>user\nQuestion:", 1)[1] in named
+
 
 def test_system1_purpose_pair_keeps_the_instructions_and_the_request(tok, pipe):
     request = ("the founder of Veltor Press", "# Veltor Press\nVeltor Press was founded by Ada Vell.")
@@ -110,8 +128,12 @@ def test_replay_scores_each_system_by_hand(tok, pipe):
     r = mp.replay(table, generate).set_index(["system", "edit", "kind"])
     assert r.loc[(2, "logged", "name"), "mean"] == 1.0 and r.loc[(2, "logged", "year"), "mean"] == 0.0
     assert r.loc[(2, "kind-hint", "name"), "mean"] == 0.0 and r.loc[(2, "kind-hint", "year"), "mean"] == 1.0
+    # the name question's findings hold "Ada Vell": its exact match there, and the year replies
+    assert r.loc[(2, "logged", "name"), ["year_reply", "em_when_found", "found"]].tolist() == [0.0, 1.0, 1]
+    assert r.loc[(2, "kind-hint", "name"), ["year_reply", "em_when_found", "found"]].tolist() == [1.0, 0.0, 1]
     # System 1 only where the episode had a System-1 prompt: the year question, its answer copied
     assert r.loc[(1, "logged", "year"), "mean"] == 1.0 and r.loc[(1, "logged", "year"), "size"] == 1
     assert (1, "logged", "name") not in r.index
     text = mp.report({"run": r.reset_index()})
-    assert "| run | 2 | kind-hint | 0.00 (of 1) | 1.00 (of 1) |" in text
+    assert "| run | 2 | kind-hint | 0.00 (of 1) | 1.00 (of 1) | 1.00 | 0.00 (of 1) |" in text
+    assert "| run | 1 | logged | - | 1.00 (of 1) | - | - |" in text
