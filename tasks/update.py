@@ -39,6 +39,8 @@ from tasks.trust_region import kl_tok
 NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an update that had nothing to train on
 ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
 NOT_MEASURED = "an action longer than algorithm.max_sample_tokens, or none scored"
+# certificate.cluster_se: the spread between one question's episodes says nothing of the next question's
+ONE_GROUP = "the batch holds one question's group, and the estimation term needs two or more"
 
 
 def train_items(df) -> list[TrainItem]:
@@ -311,6 +313,9 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                 row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + NOT_MEASURED]))
             if b is not None:
                 cert = b.certificate if sequential and math.isfinite(b.certificate) else None
+                if sequential and cert is None:
+                    why = ONE_GROUP if math.isinf(b.penalty_est) else "its bound is not finite"
+                    row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + why]))
                 row |= {
                     "kl": row["kl"] if row["kl"] is not None else measured,  # with a trust region: the KL it held
                     "surrogate_gain": b.gain,
