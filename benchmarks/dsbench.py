@@ -32,7 +32,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.coach_evidence import paired, seed_bootstrap  # noqa: E402
-from benchmarks.seeds import cli, load_tables, parser, run_and_record, wall_minutes  # noqa: E402
+from benchmarks.seeds import (  # noqa: E402
+    cli,
+    episode_table,
+    eval_table,
+    load_tables,
+    parser,
+    run_and_record,
+    wall_minutes,
+)
 from benchmarks.strategies_report import mean_sd  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "dsbench"
@@ -45,12 +53,8 @@ METRIC = {"classification": "f1", "regression": "fair_rmse"}
 
 def episodes(run_dir: Path) -> pd.DataFrame:
     """The run's scored episodes with their metrics as columns, each task's dataset and kind."""
-    from infra import store
-
-    eps = store.read_table(run_dir, "episodes")
-    eps = eps[eps["infra_error"].isna()]  # an episode the scorer or sandbox failed has no known outcome
-    m = pd.DataFrame([dict(x) for x in eps["metrics"]], index=eps.index)
-    eps = pd.concat([eps.drop(columns="metrics"), m.drop(columns=[c for c in m if c in eps])], axis=1)
+    eps = episode_table(run_dir)
+    eps = eps[eps["infra_error"].isna()].copy()  # an episode the scorer or sandbox failed has no known outcome
     eps["dataset"] = [str(t).rsplit("-", 1)[0] for t in eps["task_id"]]
     eps["kind"] = eps["regression"].map({1.0: "regression", 0.0: "classification"})
     eps["success"] = eps["success"].astype(float)
@@ -60,12 +64,9 @@ def episodes(run_dir: Path) -> pd.DataFrame:
 def per_iteration(run_dir: Path) -> pd.DataFrame:
     """One row per iteration: held-out figures where an evaluation ran (iteration 0: the untrained team),
     training-rollout figures where one ran."""
-    from flows.metrics import is_eval
-    from flows.report import run_table
     from infra import store
 
-    ev_table = run_table(run_dir)
-    ev_table = ev_table[ev_table["phase"].map(is_eval)].set_index("iteration")
+    ev_table = eval_table(run_dir)
     eps = episodes(run_dir)
     up = store.read_table(run_dir, "updates")
     rows = []

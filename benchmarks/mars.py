@@ -38,7 +38,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.coach_evidence import paired, seed_bootstrap  # noqa: E402
-from benchmarks.seeds import cli, load_tables, parser, run_and_record, wall_minutes  # noqa: E402
+from benchmarks.seeds import (  # noqa: E402
+    cli,
+    episode_table,
+    eval_table,
+    load_tables,
+    parser,
+    run_and_record,
+    wall_minutes,
+)
 from benchmarks.strategies_report import mean_sd  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "mars"
@@ -57,12 +65,9 @@ YEAR = re.compile(r"\d{4}")
 
 def episodes(run_dir: Path) -> pd.DataFrame:
     """The run's episodes with their metrics as columns, the answer's kind (year | name) and hop count."""
-    from infra import store
     from tasks import context
 
-    eps = store.read_table(run_dir, "episodes")
-    m = pd.DataFrame([dict(x) for x in eps["metrics"]], index=eps.index)
-    eps = pd.concat([eps.drop(columns="metrics"), m], axis=1)
+    eps = episode_table(run_dir)
     eps["kind"] = np.where(eps["answer"].map(lambda a: bool(YEAR.fullmatch(str(a)))), "year", "name")
     hops = {p.task_id: p.hops for split in ("train", "eval") for p in context.of(run_dir).problems(split)}
     eps["hops"] = eps["task_id"].map(hops)
@@ -124,12 +129,9 @@ def reading(run_dir: Path) -> pd.DataFrame:
 def per_iteration(run_dir: Path) -> pd.DataFrame:
     """One row per iteration: held-out figures where an evaluation ran (iteration 0: the untrained team),
     training-rollout figures where one ran."""
-    from flows.metrics import is_eval
-    from flows.report import run_table
     from infra import store
 
-    ev_table = run_table(run_dir)
-    ev_table = ev_table[ev_table["phase"].map(is_eval)].set_index("iteration")
+    ev_table = eval_table(run_dir)
     eps, s = episodes(run_dir), searches(run_dir)
     up = store.read_table(run_dir, "updates")
     rows = []

@@ -48,6 +48,24 @@ def run_and_record(
         fh.write(json.dumps(row | {"note": args.note}) + "\n")
 
 
+def episode_table(run_dir: Path) -> pd.DataFrame:
+    """The run's episodes with their `metrics` as columns (a metric named like a column is the column's)."""
+    from infra import store
+
+    eps = store.read_table(run_dir, "episodes")
+    m = pd.DataFrame([dict(x) for x in eps["metrics"]], index=eps.index)
+    return pd.concat([eps.drop(columns="metrics"), m.drop(columns=[c for c in m if c in eps])], axis=1)
+
+
+def eval_table(run_dir: Path) -> pd.DataFrame:
+    """The run's evaluations, one row per iteration: success and its interval (flows.report.run_table)."""
+    from flows.metrics import is_eval
+    from flows.report import run_table
+
+    table = run_table(run_dir)
+    return table[table["phase"].map(is_eval)].set_index("iteration")
+
+
 def load_tables(out: Path, kind: str = "") -> dict[str, dict[int, pd.DataFrame]]:
     """variant -> seed -> the table `<out>/<variant>-s<seed><kind>.csv` (kind: "" per iteration, ".questions", ...)."""
     tables: dict[str, dict[int, pd.DataFrame]] = {}
