@@ -5,13 +5,14 @@ model change, on the `deepresearch-smol` preset.
     .venv/bin/python benchmarks/mars.py --report --write                  # tables -> benchmarks/README.md
 
 Variants: `shared` (the preset: one model plays System 2 and System 1, as in the paper), `separate` (one
-adapter per system, `pipeline.shared_model=false`) and `no-system1` (System 2 reads the raw search output
-truncated to its budget, `pipeline.system1=false`), and `g8` (the preset's 32 training episodes an iteration as
-4 questions x 8 samples instead of 8 x 4). Each (variant, seed) is one `teamrl train` process with
-a fixed run id (`mars-<variant>-s<seed>` under `--runs-dir`); a run whose folder exists is resumed, so
-killing this script loses at most the stage in progress. When a run ends, its figures go to
-`benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and `.questions.csv` (every held-out question at
-every evaluation), one summary row to `benchmarks/mars/runs.jsonl`; a run with a CSV is not run again.
+adapter per system, `pipeline.shared_model=false`), `no-system1` (System 2 reads the raw search output
+truncated to its budget, `pipeline.system1=false`), `g8` (the preset's 32 training episodes an iteration as 4
+questions x 8 samples instead of 8 x 4) and `short-docs` (documents of at most 200 tokens instead of 600).
+Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
+`--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
+progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
+`.questions.csv` (every held-out question at every evaluation), one summary row to
+`benchmarks/mars/runs.jsonl`; a run with a CSV is not run again.
 
 Per iteration: held-out exact match (greedy, 95% bootstrap interval over questions), F1, exact match by
 answer kind (a year or a name) and by hops; on the training rollouts: exact match, F1, the share of GRPO
@@ -59,6 +60,9 @@ VARIANTS = {
     # the same 32 training episodes an iteration as 4 questions x 8: a group more often holds both a success
     # and a failure (with success rate p, 1 - p^G - (1 - p)^G), and only such a group carries a gradient
     "g8": ["rollout.questions=4", "rollout.group_size=8"],
+    # documents of 50-200 tokens, so one System-1 bin holds a whole document and System 2 reads one finding
+    # a search instead of several, most of them another fact (often a year) or invented
+    "short-docs": ["pipeline.max_tokens=200"],
 }
 YEAR = re.compile(r"\d{4}")
 
