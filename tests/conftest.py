@@ -65,15 +65,62 @@ def trained_run(prefect_harness, tmp_path_factory):
     return root, run_dir
 
 
-def table_content(run_dir, table):
-    """A table without the columns that legitimately differ between runs (ids, timings), as strings."""
+def table_rows(run_dir, table):
+    """A table without the columns that legitimately differ between runs (ids, timings), in a fixed row order."""
     from infra import store
 
     drop = {"run_id", "latency_s", "seconds"}
     df = store.read_table(run_dir, table)
     df = df[[c for c in df.columns if c not in drop]]
     keys = [c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]
-    return df.sort_values(keys).reset_index(drop=True).astype(str)
+    return df.sort_values(keys).reset_index(drop=True)
+
+
+def table_content(run_dir, table):
+    """table_rows as strings: for runs of one process, whose floats are bitwise equal."""
+    return table_rows(run_dir, table).astype(str)
+
+
+# Two processes on one machine can round a float32 kernel's last bit differently (seen in CI: log-probs 1 ulp
+# apart in 4 of 96 actions of a killed run and the uninterrupted one, the sampled tokens the same), so runs of
+# different processes are compared in floats to well below any update's effect, and in everything else exactly.
+FLOAT_RTOL, FLOAT_ATOL = 1e-5, 1e-6
+
+
+def _float_cells(col):
+    """(each row's list length, or None for a scalar or missing cell; the float values as one flat array) for a
+    float column or a column of float lists; None for any other column."""
+    import numpy as np
+    import pandas as pd
+
+    if pd.api.types.is_float_dtype(col):
+        return [None] * len(col), col.to_numpy(dtype=float)
+    arrays = [None if c is None else np.asarray(c) for c in col]
+    if not any(a is not None and a.ndim == 1 and a.dtype.kind == "f" for a in arrays):
+        return None
+    if any(a is not None and (a.ndim != 1 or a.dtype.kind != "f") for a in arrays):
+        return None
+    lengths = [None if a is None else len(a) for a in arrays]
+    return lengths, np.concatenate([a for a in arrays if a is not None])
+
+
+def assert_same_table(ref_dir, run_dir, table) -> None:
+    """`table` of run `run_dir` equals the reference run's: float columns to FLOAT_RTOL / FLOAT_ATOL (missing
+    cells and list lengths exactly), every other column exactly."""
+    import numpy as np
+    import pandas as pd
+
+    a, b = table_rows(ref_dir, table), table_rows(run_dir, table)
+    assert list(a.columns) == list(b.columns) and len(a) == len(b), f"{table}: other columns or rows"
+    for name in a.columns:
+        x, y = _float_cells(a[name]), _float_cells(b[name])
+        if x is None or y is None:
+            pd.testing.assert_series_equal(a[name].astype(str), b[name].astype(str), obj=f"{table}.{name}")
+            continue
+        assert x[0] == y[0], f"{table}.{name}: list lengths or missing cells differ"
+        np.testing.assert_allclose(
+            y[1], x[1], rtol=FLOAT_RTOL, atol=FLOAT_ATOL, equal_nan=True, err_msg=f"{table}.{name}"
+        )
 
 
 TEAMTR = ("algorithm.strategy=teamtr", "algorithm.kl_delta=0.05", "algorithm.order=random", "evaluate=false", "seed=1")

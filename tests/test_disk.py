@@ -12,7 +12,6 @@ import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -284,7 +283,7 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
     row (a resume then updates the solver again from version 1, with version 1's optimizer state); resumed,
     it has the uninterrupted run's tables, weights of versions 0 and 2 only, optimizer state in version 2
     only; `eval --model` plays its registered agents, and `runs show` prints its disk use."""
-    from conftest import table_content
+    from conftest import assert_same_table
     from test_resume_faults import TABLES, _teamrl
     from typer.testing import CliRunner
 
@@ -314,7 +313,7 @@ def test_pruned_run_resumes_evaluates_and_shows_its_disk_use(trained_run, tmp_pa
     assert rc == 0, out[-3000:]
 
     for table in TABLES:
-        pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
+        assert_same_table(ref_dir, run_dir, table)
     assert latest_version(run_dir, "verifier") == 0 and _kept(run_dir, "verifier") == ([0], [])  # never scored
     for agent in ("solver", "executor"):
         assert latest_version(run_dir, agent) == latest_version(ref_dir, agent) == 2

@@ -1,17 +1,17 @@
 """Kill the training process (SIGKILL) in the middle of each DAG stage, of a Parquet write and of a
 checkpoint write, or fail a stage so that Prefect records the flow run as Failed; `teamrl train
 --resume` (or `prefect flow-run retry`) then finishes the run with exactly the tables of the
-uninterrupted run with the same seed, and consistent checkpoints."""
+uninterrupted run with the same seed (floats to float32 rounding, conftest `assert_same_table`), and
+consistent checkpoints."""
 
 import os
 import signal
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
-from conftest import MARS, TEAMTR, harness_api_env, run_in_session, table_content
+from conftest import MARS, TEAMTR, assert_same_table, harness_api_env, run_in_session
 
 from infra.policy import latest_version
 
@@ -90,7 +90,7 @@ def test_failed_flow_run_is_finished_by_prefect_retry(trained_run, tmp_path):
 
 def assert_same_as_uninterrupted(ref_dir: Path, run_dir: Path) -> None:
     for table in TABLES:
-        pd.testing.assert_frame_equal(table_content(ref_dir, table), table_content(run_dir, table), obj=table)
+        assert_same_table(ref_dir, run_dir, table)
     ref_dir, run_dir = Path(ref_dir), Path(run_dir)
     agents = sorted(p.name for p in (ref_dir / "checkpoints").iterdir())
     assert agents == sorted(p.name for p in (run_dir / "checkpoints").iterdir())

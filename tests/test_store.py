@@ -230,3 +230,24 @@ def test_corrupt_file_names_itself_and_other_partitions_still_read(tmp_path, dam
     with pytest.raises(store.StoreError):
         store.load_actions(tmp_path)
     assert len(store.read_table(tmp_path, "actions", iteration=1)) == 1
+
+
+def test_runs_compared_across_processes_agree_in_floats_to_rounding_and_in_the_rest_exactly(tmp_path):
+    """conftest `assert_same_table`, which the resume tests use: a last-bit difference in a log-prob passes;
+    a difference an update could make, other text, another list length or a missing cell fails."""
+    from conftest import assert_same_table
+
+    def run(name, **change):
+        write(tmp_path / name, "actions", rows=[dict(ROWS["actions"], **change)])
+        return tmp_path / name
+
+    ref = run("ref")
+    assert_same_table(ref, run("ulp", logprobs=[-0.5 + 6e-8, -0.25]), "actions")
+    for name, change in {
+        "update": dict(logprobs=[-0.5 + 1e-4, -0.25]),
+        "text": dict(response_text="s"),
+        "length": dict(logprobs=[-0.5, -0.25, -1.0]),
+        "missing": dict(logprobs=None),
+    }.items():
+        with pytest.raises(AssertionError):
+            assert_same_table(ref, run(name, **change), "actions")
