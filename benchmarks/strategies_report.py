@@ -44,6 +44,12 @@ def team_certified(variant: str, seeds: dict[int, pd.DataFrame]) -> dict[int, pd
     return {s: d for s, d in seeds.items() if (variant, s) not in OWN_ADVANTAGE_CERTIFICATES}
 
 
+def seeds_named(seeds) -> str:
+    """'seed 0' or 'seeds 0, 1'."""
+    seeds = sorted(seeds)
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def mean_sd(x: list[float], digits: int = 2) -> str:
     # mean ± sample sd over seeds (sd needs two seeds)
     if len(x) > 1:
@@ -83,7 +89,7 @@ def report() -> str:
         team = team_certified(variant, runs[variant])
         certs = sum(int(d.loc[d["iteration"] > 0, "certificates"].sum()) for d in team.values())
         certified = sum(int(d.loc[d["iteration"] > 0, "certified_updates"].sum()) for d in team.values())
-        cell = f"{certified} of {certs} (seeds {', '.join(map(str, sorted(team)))})" if certs else "none computed"
+        cell = f"{certified} of {certs} ({seeds_named(team)})" if certs else "none computed"
         lines.append(
             f"| {variant} | {', '.join(map(str, seeds))} | {curve} | {final} | {regress} | "
             f"{100 * np.mean(extra):.0f}% | {cell} |"
@@ -119,7 +125,7 @@ def certificate_check_table() -> list[str]:
     for variant, runs in checks.items():
         lines += [
             "",
-            f"**{variant}** (seeds {', '.join(map(str, sorted(runs)))})",
+            f"**{variant}** ({seeds_named(runs)})",
             "",
             *summary(pd.concat(runs.values())),
         ]

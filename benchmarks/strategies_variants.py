@@ -29,9 +29,14 @@ VARIANTS = {
 }
 TEAMTR_TABLE = [v for v in VARIANTS if v not in COACHES]  # the coaches have their own section
 # the paper's ablations as paired differences, beside each variant against joint: what resampling adds
-# (teamtr − stale), what the trust region adds (teamtr − teamtr-no-tr), and TeamTR against joint at equal
-# training episodes (teamtr-rq1 − joint-q10)
-ABLATION_PAIRS = [("teamtr", "stale"), ("teamtr", "teamtr-no-tr"), ("teamtr-rq1", "joint-q10")]
+# (teamtr − stale), what the trust region adds (teamtr − teamtr-no-tr), what a tighter one changes
+# (teamtr-d0.01 − teamtr), and TeamTR against joint at equal training episodes (teamtr-rq1 − joint-q10)
+ABLATION_PAIRS = [
+    ("teamtr", "stale"),
+    ("teamtr", "teamtr-no-tr"),
+    ("teamtr-d0.01", "teamtr"),
+    ("teamtr-rq1", "joint-q10"),
+]
 # (variant, seed) runs whose certificates came from each agent's own advantage with a span of 1, before the
 # team's advantage (tasks/certificate.py team_advantages): their success figures count, but their
 # certificates are left out of the certificate figures rather than pooled with the team-advantage ones

@@ -183,7 +183,7 @@ def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
     monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
     text = strategies_report.report()
     row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
-    assert "s0: 0.40, s1: 0.10" in row and "1 of 6 (seeds 1)" in row
+    assert "s0: 0.40, s1: 0.10" in row and "1 of 6 (seed 1)" in row
     cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
     assert "0.1000 (one seed)" in cert and "-0.10 (one seed)" in cert
     assert "Left out of every certificate figure: teamtr seed 0," in text

@@ -106,4 +106,4 @@ def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
     half = cc.Z95_TWO_SIDED * math.sqrt(4 * 0.25 * 0.01**2)
     assert f"+0.0550 ± {half:.4f}" in row and row.split("|")[-2].strip() == "0"
     monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
-    assert "**teamtr** (seeds 1)" in strategies_report.certificate_check_table()
+    assert "**teamtr** (seed 1)" in strategies_report.certificate_check_table()
