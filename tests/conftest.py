@@ -95,7 +95,7 @@ def _float_cells(col):
 
     if pd.api.types.is_float_dtype(col):
         return [None] * len(col), col.to_numpy(dtype=float)
-    arrays = [None if c is None else np.asarray(c) for c in col]
+    arrays = [None if np.ndim(c) == 0 and pd.isna(c) else np.asarray(c) for c in col]
     if not any(a is not None and a.ndim == 1 and a.dtype.kind == "f" for a in arrays):
         return None
     if any(a is not None and (a.ndim != 1 or a.dtype.kind != "f") for a in arrays):
