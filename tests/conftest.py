@@ -96,12 +96,10 @@ def _float_cells(col):
     if pd.api.types.is_float_dtype(col):
         return [None] * len(col), col.to_numpy(dtype=float)
     arrays = [None if np.ndim(c) == 0 and pd.isna(c) else np.asarray(c) for c in col]
-    if not any(a is not None and a.ndim == 1 and a.dtype.kind == "f" for a in arrays):
+    present = [a for a in arrays if a is not None]
+    if not present or any(a.ndim != 1 or a.dtype.kind != "f" for a in present):
         return None
-    if any(a is not None and (a.ndim != 1 or a.dtype.kind != "f") for a in arrays):
-        return None
-    lengths = [None if a is None else len(a) for a in arrays]
-    return lengths, np.concatenate([a for a in arrays if a is not None])
+    return [None if a is None else len(a) for a in arrays], np.concatenate(present)
 
 
 def assert_same_table(ref_dir, run_dir, table) -> None:
