@@ -3,6 +3,23 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TEAMRL_PROGRESS", "0")
 
+# Kernels held to AVX2, with MKL in its strict reproducible mode, for this process and every process it starts:
+# unpinned, two processes on one machine have rounded a GEMM's last bit differently, and a later update amplifies
+# that past any float tolerance, so a fixture's run here and its killed-and-resumed twin in a child would differ.
+ISA_PIN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+if _has_avx2():  # set before torch loads; forcing AVX2 kernels on a CPU without AVX2 would crash
+    for _key, _value in ISA_PIN.items():
+        os.environ.setdefault(_key, _value)
+
 import pytest  # noqa: E402
 
 import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every process teamrl starts)

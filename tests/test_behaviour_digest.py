@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import harness_api_env, run_in_session
+from conftest import ISA_PIN, harness_api_env, run_in_session
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,6 @@ RECORD = Path(__file__).with_name("behaviour_digest.json")
 TABLES = ["episodes", "actions", "coach", "advantages", "updates"]
 # wall-clock figures and the run's own name differ between two runs of the same computation
 VOLATILE = {"run_id", "latency_s", "seconds"}
-# every x86-64 CI machine has AVX2; MKL's conditional numerical reproducibility mode makes its GEMMs agree too
-ISA_PIN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 RUNS = {
     "teamtr-mathchat": [
         "tiny",
