@@ -1,9 +1,11 @@
 """TeamTR's ablations over training seeds: joint, stale, teamtr, teamtr without its trust region, and
 teamtr with small resamples against joint given the same extra episodes as a larger batch; and issue 21's
-coaches: joint (the rubric with the answer) against blind (the answer-blind rubric) and outcome (the
-episode's outcome as every action's score), at the same rollouts.
+coaches: joint (the rubric with the answer) against blind (the answer-blind rubric), outcome (the
+episode's outcome as every action's score) and llm (SmolLM2-135M-Instruct as the judge, with the answer,
+served by `transformers serve` on 127.0.0.1:8000 for as long as its run trains), at the same rollouts.
 
     .venv/bin/python benchmarks/strategies.py --variants joint teamtr --seeds 0 1 2   # run (resumable)
+    .venv/bin/python benchmarks/strategies.py --variants llm --seeds 0 --iterations 2 # the LLM coach
     .venv/bin/python benchmarks/strategies.py --backfill runs/ablation                # figures of ended runs
     .venv/bin/python benchmarks/strategies.py --report --write                        # tables -> README
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,9 @@ from benchmarks.certificate_check import comparisons  # noqa: E402
 from benchmarks.coach_evidence import write_figures  # noqa: E402
 from benchmarks.seeds import parser, run_all, run_and_record  # noqa: E402
 from benchmarks.strategies_report import print_report  # noqa: E402
-from benchmarks.strategies_variants import OUT, VARIANTS  # noqa: E402
+from benchmarks.strategies_variants import LLM_COACH_PORT, OUT, VARIANTS  # noqa: E402
+from infra.local_llm import transformers_serve  # noqa: E402
+from infra.models import smollm2_dir  # noqa: E402
 
 
 def per_iteration(run_dir: Path) -> pd.DataFrame:
@@ -85,16 +90,20 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 def run(variant: str, seed: int, args: argparse.Namespace) -> None:
     csv = OUT / f"{variant}-s{seed}.csv"
-    sets = [s.format(delta=args.kl_delta) for s in VARIANTS[variant]]
-    run_and_record(
-        OUT,
-        args,
-        variant,
-        seed,
-        f"abl-{variant}-s{seed}",
-        sets,
-        lambda run_dir: per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g"),
-    )
+    model = smollm2_dir()
+    sets = [s.format(delta=args.kl_delta, smollm2=model) for s in VARIANTS[variant]]
+    with ExitStack() as stack:
+        if "coach.backend=llm" in sets and not csv.exists():  # the coach's server lives as long as the run
+            stack.enter_context(transformers_serve(model, port=LLM_COACH_PORT))
+        run_and_record(
+            OUT,
+            args,
+            variant,
+            seed,
+            f"abl-{variant}-s{seed}",
+            sets,
+            lambda run_dir: per_iteration(run_dir).to_csv(csv, index=False, float_format="%.6g"),
+        )
     figures(variant, seed, Path(args.runs_dir))
 
 

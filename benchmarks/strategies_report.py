@@ -179,7 +179,9 @@ def coach_report() -> str:
         "--seeds 0 1 2` (mathchat-smol, 4 iterations, held-out evaluation every 2), `--backfill RUNS_DIR` for "
         "runs that ended without the per-question files, then `--report --write`. joint: the rubric coach with "
         "the answer; blind: the answer-blind rubric (`coach.ground_truth=false`); outcome: the episode's outcome "
-        "as every action's score (`coach.backend=outcome`); all at the same rollouts. Held-out: each training "
+        "as every action's score (`coach.backend=outcome`); llm: SmolLM2-135M-Instruct as the judge, with the "
+        "answer (`coach.backend=llm`, served by `transformers serve`; `--variants llm --iterations 2`); all at "
+        "the same rollouts. Held-out: each training "
         "seed's generated split, played greedily; paraphrased: benchmarks/data/mathchat-paraphrased.jsonl, 100 "
         "problems of the trained kinds phrased unlike the training templates, with names, items and number "
         "ranges training never shows (pipelines/mathchat/paraphrased.py). Mean ± sd over seeds; a gain or a "
@@ -198,12 +200,12 @@ def coach_report() -> str:
     ]
     for v in (v for v in coaches if v in held):
         seeds = sorted(held[v])
-        before, after = [held[v][s][0] for s in seeds], [held[v][s][1] for s in seeds]
+        before, after = [held[v][s][0] for s in seeds], [held[v][s][max(held[v][s])] for s in seeds]
         unseen = [para[v][s] for s in sorted(para.get(v, {}))]
         cells = [
             v,
             ", ".join(map(str, seeds)),
-            ", ".join(sorted({str(held[v][s][2]) for s in seeds})),
+            ", ".join(sorted({str(max(held[v][s])) for s in seeds})),
             spread([x.mean() for x in before]),
             spread([x.mean() for x in after]),
             ci([paired(a, b) for a, b in zip(after, before)]),
@@ -213,12 +215,13 @@ def coach_report() -> str:
         ]
         lines.append(f"| {' | '.join(cells)} |")
     lines += paired_table(held, para, list(combinations([v for v in coaches if v in held], 2)))
-    return "\n".join(lines + agents_table(coaches)) + "\n"
+    return "\n".join(lines + agents_table([v for v in coaches if v in held])) + "\n"
 
 
 def per_question(variants: list[str]) -> tuple[dict, dict]:
-    """variant -> seed -> `ends` of its held-out questions table; variant -> seed -> paraphrased success by task."""
-    held = {v: {s: ends(df) for s, df in runs.items()} for v, runs in load(".questions").items() if v in variants}
+    """variant -> seed -> iteration -> held-out success by task; variant -> seed -> paraphrased success by task."""
+    questions = load(".questions")
+    held = {v: {s: by_iteration(df) for s, df in runs.items()} for v, runs in questions.items() if v in variants}
     para = {
         v: {s: df.set_index("task_id")["success"] for s, df in runs.items()}
         for v, runs in load(".paraphrased").items()
@@ -231,30 +234,33 @@ def paired_table(held: dict, para: dict, pairs: list[tuple[str, str]]) -> list[s
     """Lines of the paired differences A − B over the seeds both have, held-out and paraphrased."""
     lines = [
         "",
-        "Paired differences A − B (the same training seed and question; the untrained team is one, so on "
-        "the paraphrased set a difference in gain is the difference after):",
+        "Paired differences A − B (the same training seed and question, at the last iteration both runs "
+        "evaluated; both start from the same untrained team, so on the paraphrased set a difference in gain "
+        "is the difference after; that set is played by each run's final team, so it pairs only runs that "
+        "ended at the same iteration):",
         "",
-        "| A − B | seeds | held-out after | held-out gain | paraphrased after |",
-        "|---|---|---|---|---|",
+        "| A − B | seeds | iteration | held-out after | held-out gain | paraphrased after |",
+        "|---|---|---|---|---|---|",
     ]
     for a, b in pairs:
         seeds = sorted(set(held.get(a, {})) & set(held.get(b, {})))
         if not seeds:
             continue
-        gain = [paired(held[a][s][1] - held[a][s][0], held[b][s][1] - held[b][s][0]) for s in seeds]
-        both = sorted(set(para.get(a, {})) & set(para.get(b, {})))
+        at = {s: max(set(held[a][s]) & set(held[b][s])) for s in seeds}
+        after = [paired(held[a][s][at[s]], held[b][s][at[s]]) for s in seeds]
+        gain = [paired(held[a][s][at[s]] - held[a][s][0], held[b][s][at[s]] - held[b][s][0]) for s in seeds]
+        ended_alike = [s for s in seeds if max(held[a][s]) == max(held[b][s]) == at[s]]
+        both = sorted(set(para.get(a, {})) & set(para.get(b, {})) & set(ended_alike))
         lines.append(
-            f"| {a} − {b} | {', '.join(map(str, seeds))} | "
-            f"{ci([paired(held[a][s][1], held[b][s][1]) for s in seeds])} | {ci(gain)} | "
-            f"{ci([paired(para[a][s], para[b][s]) for s in both])} |"
+            f"| {a} − {b} | {', '.join(map(str, seeds))} | {', '.join(sorted({str(i) for i in at.values()}))} | "
+            f"{ci(after)} | {ci(gain)} | {ci([paired(para[a][s], para[b][s]) for s in both])} |"
         )
     return lines
 
 
-def ends(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, int]:
-    """A questions table's success per question (task_id) at iteration 0 and at its last evaluation, and that one."""
-    by = {int(it): g.set_index("task_id")["success"] for it, g in df.groupby("iteration")}
-    return by[0], by[max(by)], max(by)
+def by_iteration(df: pd.DataFrame) -> dict[int, pd.Series]:
+    """A questions table's success per question (task_id) at each evaluated iteration."""
+    return {int(it): g.set_index("task_id")["success"] for it, g in df.groupby("iteration")}
 
 
 def agents_table(coaches: list[str]) -> list[str]:

@@ -11,9 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "strategies"
 
-# issue 21's coaches, each otherwise as joint (the rubric coach with the answer): the answer-blind rubric, and
-# the episode's outcome as every action's score
-COACHES = {"blind": ["coach.ground_truth=false"], "outcome": ["coach.backend=outcome"]}
+# issue 21's coaches, each otherwise as joint (the rubric coach with the answer): the answer-blind rubric, the
+# episode's outcome as every action's score, and an LLM judge with the answer (SmolLM2-135M-Instruct, which the
+# runner serves with `transformers serve` on LLM_COACH_PORT while the run trains)
+LLM_COACH_PORT = 8000
+COACHES = {
+    "blind": ["coach.ground_truth=false"],
+    "outcome": ["coach.backend=outcome"],
+    "llm": ["coach.backend=llm", f"coach.base_url=http://127.0.0.1:{LLM_COACH_PORT}/v1", "coach.model={smollm2}"],
+}
 # variant -> overrides; stale and teamtr share the trust region, so they differ only in resampling
 VARIANTS = {
     "joint": [],

@@ -19,12 +19,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0):
-    """Serve `model_dir` on a free local port for the block; yields the `/v1` base URL. Raises
-    RuntimeError when the server exits or is not healthy within `start_timeout_s`."""
+def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0, port: int | None = None):
+    """Serve `model_dir` on `port` (None: a free one) of 127.0.0.1 for the block; yields the `/v1` base URL.
+    Raises RuntimeError when the port is taken, or the server exits or is not healthy within `start_timeout_s`."""
     import requests
 
-    port = free_port()
+    if port is None:
+        port = free_port()
+    else:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                raise RuntimeError(f"127.0.0.1:{port} is already in use: stop what listens there first")
     exe = Path(sys.executable).parent / "transformers"
     # the server ends with this process however it ends (infra/die_with_parent.py), not only at the block's exit
     # (SIGKILL: on SIGTERM it would first finish every generation queued by the dead process)

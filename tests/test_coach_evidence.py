@@ -138,16 +138,32 @@ def test_coach_report_from_synthetic_csvs(synthetic):
     assert row(text, "| outcome |")[1:5] == ["0", "4", "0.20 (one seed)", "0.20 (one seed)"]
     assert row(text, "| outcome |")[7:] == ["-", "-"]  # no paraphrased evaluation yet
 
-    # A − B | seeds | held-out after | held-out gain | paraphrased after
+    # A − B | seeds | iteration | held-out after | held-out gain | paraphrased after
     jb = row(text, "| joint − blind |")
-    assert jb[1] == "0, 1" and interval(jb[2])[0] == interval(jb[3])[0] == 0.5 and interval(jb[4])[0] == 0.3
+    assert jb[1:3] == ["0, 1", "4"] and interval(jb[3])[0] == interval(jb[4])[0] == 0.5 and interval(jb[5])[0] == 0.3
     jo = row(text, "| joint − outcome |")
-    assert jo[1] == "0" and interval(jo[2])[0] == 0.4 and jo[4] == "-"  # only seed 0 is in both
-    assert row(text, "| blind − outcome |")[2] == "+0.00 [+0.00, +0.00]"
+    assert jo[1] == "0" and interval(jo[3])[0] == 0.4 and jo[5] == "-"  # only seed 0 is in both
+    assert row(text, "| blind − outcome |")[3] == "+0.00 [+0.00, +0.00]"
 
     # agent | rate | joint | blind | outcome: held-out (eval) before -> after; a missing value leaves its seed out
     assert row(text, "| executor | code_error |")[2:] == ["0.60 ± 0.14 -> 0.30 ± 0.07", "-", "-"]
     assert row(text, "| verifier | faithful |")[2] == "0.50 (one seed) -> 0.75 ± 0.35"
+
+
+def test_a_shorter_run_pairs_at_the_last_iteration_both_evaluated(synthetic):
+    # llm, seed 0, trained 2 iterations: after [1, 1, 0, 0, 0]; joint seed 0 evaluated at 0, 2 and 4, with
+    # [0, 1, 0, 0, 0] at 2: llm − joint at iteration 2 is +1/5 after, and +1/5 in gain (both start at BEFORE[0])
+    questions({0: BEFORE[0], 2: [1, 1, 0, 0, 0]}).to_csv(synthetic / "llm-s0.questions.csv", index=False)
+    questions({2: [1, 1, 1, 1, 1]}).to_csv(synthetic / "llm-s0.paraphrased.csv", index=False)
+    questions({0: BEFORE[0], 2: [0, 1, 0, 0, 0], 4: AFTER[("joint", 0)]}).to_csv(
+        synthetic / "joint-s0.questions.csv", index=False
+    )
+    text = strategies_report.coach_report()
+    assert row(text, "| llm |")[1:5] == ["0", "2", "0.20 (one seed)", "0.40 (one seed)"]
+    cells = row(text, "| joint − llm |")
+    assert cells[1:3] == ["0", "2"] and interval(cells[3])[0] == interval(cells[4])[0] == -0.2
+    assert cells[5] == "-"  # the paraphrased set is played by each run's final team: iterations 4 and 2
+    assert row(text, "| joint − blind |")[1:3] == ["0, 1", "4"]  # where both ran 4, they pair at 4
 
 
 def test_the_teamtr_table_reads_only_per_iteration_csvs(synthetic):
@@ -162,12 +178,12 @@ def test_the_teamtr_table_pairs_each_variant_with_joint(synthetic):
     questions({0: BEFORE[1], 4: [1, 1, 0, 0, 0]}).to_csv(synthetic / "teamtr-s1.questions.csv", index=False)
     questions({4: [0, 0, 0, 0, 0]}).to_csv(synthetic / "teamtr-s1.paraphrased.csv", index=False)
     cells = row(strategies_report.report(), "| teamtr − joint |")
-    assert cells[1] == "1" and [interval(c)[0] for c in cells[2:]] == [-0.4, -0.4, -0.6]
+    assert cells[1:3] == ["1", "4"] and [interval(c)[0] for c in cells[3:]] == [-0.4, -0.4, -0.6]
     assert "| joint − " not in strategies_report.report()  # joint is the reference, not a row
     # an ablation pair: teamtr-no-tr, seed 1, after [1, 0, 0, 0, 0]: teamtr − teamtr-no-tr = +1/5
     questions({0: BEFORE[1], 4: [1, 0, 0, 0, 0]}).to_csv(synthetic / "teamtr-no-tr-s1.questions.csv", index=False)
     cells = row(strategies_report.report(), "| teamtr − teamtr-no-tr |")
-    assert cells[1] == "1" and [interval(c)[0] for c in cells[2:4]] == [0.2, 0.2] and cells[4] == "-"
+    assert cells[1] == "1" and [interval(c)[0] for c in cells[3:5]] == [0.2, 0.2] and cells[5] == "-"
     assert "| teamtr − stale |" not in strategies_report.report()  # no stale run: no row
 
 

@@ -1,6 +1,8 @@
 """The `llm` coach against a real OpenAI-compatible server: `transformers serve` on 127.0.0.1 serving
 the converted SmolLM2-135M-Instruct folder. No mock stands in for it."""
 
+import socket
+
 import pytest
 
 from infra.local_llm import free_port, transformers_serve
@@ -13,8 +15,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server():
     model_dir = smollm2_dir()
+    port = free_port()  # a port given, as benchmarks/strategies.py gives the coach's base_url port
     try:
-        with transformers_serve(model_dir) as url:
+        with transformers_serve(model_dir, port=port) as url:
+            assert url == f"http://127.0.0.1:{port}/v1"
             yield url, str(model_dir)
     except RuntimeError as e:
         pytest.fail(str(e))
@@ -84,3 +88,13 @@ def test_unreachable_coach_is_a_missing_score_not_a_crash():
     cfg = CoachConfig(backend="llm", base_url=f"http://127.0.0.1:{port}/v1", model="x", max_retries=0, timeout_s=5)
     r = LLMCoach(cfg).score(CoachRequest("q", "role", "ctx", "act", "fb"))
     assert (r.status, r.error_kind) == ("error", "connection_error") and r.score is None and "Connection" in r.rationale
+
+
+def test_a_taken_port_is_refused_before_a_server_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port} is already in use"):
+            with transformers_serve(smollm2_dir(), port=port):
+                pass
