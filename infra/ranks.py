@@ -41,6 +41,10 @@ def _join(host: str, port: int, rank: int, world: int) -> None:
         world_size=world,
         timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
     )
+    # gloo's init returns on a rank once its own links are up, not once every pair of peers is linked: rank
+    # 0 (which hosts the rendezvous store) could run an update with no collective in it (a skipped agent),
+    # close the group and cut off helpers still linking to each other, which then fail under load
+    dist.barrier()
 
 
 def _helper(rank: int, world: int, port: int, threads: int, error_dir: str, target: Callable, args: tuple) -> None:

@@ -50,7 +50,9 @@ def test_reinforce_pp_raises_mean_reward():
             "a",
             items,
             partial(ppo_clip_loss, clip_eps=0.2),
-            TrainSpec(lr=3e-3, weight_decay=0.0, epochs=1, minibatch_size=16, max_grad_norm=1.0, seed=step),
+            # a larger step makes the tiny random model deterministic within a few updates: every sample then
+            # scores alike, advantages vanish and the curve stalls, or falls to 0 when no sample hits S
+            TrainSpec(lr=1e-3, weight_decay=0.0, epochs=1, minibatch_size=16, max_grad_norm=1.0, seed=step),
         )
         assert not res.skipped
     early, late = np.mean(mean_rewards[:3]), np.median(mean_rewards[-5:])
