@@ -10,9 +10,10 @@ answer is in its feedback; false: it is not), and with the pipeline's answer-awa
 rubrics, through the same code the `coach_evaluate` stage runs. Without `--base-url` it starts
 `transformers serve` on the SmolLM2-135M-Instruct the project ships (infra/local_llm.py).
 
-Reported per mode, overall and per agent: Spearman's rank correlation of the LLM's scores with the
-answer-aware rubric's and with the episode outcome (over the actions the LLM scored), the share of
-actions left unscored (malformed replies, timeouts, errors) and seconds per action. Rows go to
+Reported per mode, overall and per agent: the scores the LLM gave (a small coach repeats one), Spearman's
+rank correlation of the LLM's scores with the answer-aware rubric's and with the episode outcome (over
+the actions the LLM scored), the share of actions left unscored (malformed replies, timeouts, errors)
+and seconds per action. Rows go to
 benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode) every few episodes, and a rerun
 of the same command scores only what the file lacks (`--fresh` starts over); --write puts the table in
 benchmarks/README.md.
@@ -182,19 +183,30 @@ def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
     return float(spearmanr(x[ok].astype(float), y[ok].astype(float)).statistic), int(ok.sum())
 
 
+def verdicts(scores: pd.Series) -> str:
+    """The scores the LLM gave and how often, e.g. `2×40, 3×9`: a small coach tends to repeat one score
+    (often its worked example's), which a correlation over few pairs hides."""
+    counts = scores.dropna().astype(float).value_counts().sort_index()
+    return ", ".join(f"{s:g}×{n}" for s, n in counts.items()) or "none"
+
+
+def rho(r: float) -> str:
+    return "n/a" if math.isnan(r) else f"{r:.2f}"  # n/a: under 3 pairs, or one side gave a single value
+
+
 def table(df: pd.DataFrame) -> list[str]:
     lines = [
-        "| mode | agent | actions | unscored by the LLM | Spearman with answer-aware rubric (pairs) | "
+        "| mode | agent | actions | unscored by the LLM | scores given | Spearman with answer-aware rubric (pairs) | "
         "Spearman with outcome (pairs) | seconds per action |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, g in df.groupby("mode", sort=False):
         for agent, h in [("all", g), *g.groupby("agent", sort=False)]:
             r_rub, n_rub = spearman(h["llm"], h["rubric"])
             r_out, n_out = spearman(h["llm"], h["outcome"])
             lines.append(
-                f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {r_rub:.2f} ({n_rub}) | "
-                f"{r_out:.2f} ({n_out}) | {h['wall_per_action_s'].mean():.2f} |"
+                f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {verdicts(h['llm'])} | "
+                f"{rho(r_rub)} ({n_rub}) | {rho(r_out)} ({n_out}) | {h['wall_per_action_s'].mean():.2f} |"
             )
     return lines
 
@@ -208,6 +220,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the model name the server knows (default: the served folder)")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
     ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
+    ap.add_argument("--note", default="", help="added to the table's heading, e.g. what shared the CPUs and when")
     args = ap.parse_args()
     run_dirs = [str(Path(r).resolve()) for r in args.run]
     episodes = freeze(sample_episodes(run_dirs, args.actions, args.seed), OUT / "sample")
@@ -240,7 +253,9 @@ def main() -> None:
                 (
                     f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
                     f"{len(episodes)} episodes of `{runs}`; {platform.machine()}, "
-                    f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`."
+                    f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`. "
+                    "Spearman n/a: under 3 pairs, or one side gave a single value."
+                    + (f" {args.note}" if args.note else "")
                 ),
                 "",
                 *table(df),
