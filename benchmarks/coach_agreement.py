@@ -10,7 +10,8 @@ answer is in its feedback; false: it is not), and with the pipeline's answer-awa
 rubrics, through the same code the `coach_evaluate` stage runs. Without `--base-url` it starts
 `transformers serve` on the SmolLM2-135M-Instruct the project ships (infra/local_llm.py).
 
-Reported per mode, overall and per agent: the scores the LLM gave (a small coach repeats one), Spearman's
+Reported per mode, overall and per agent: the scores the LLM gave (a small coach repeats one), the share
+of replies that open like the worked example's rationale (a small coach copies it), Spearman's
 rank correlation of the LLM's scores with the answer-aware rubric's and with the episode outcome (over
 the actions the LLM scored), the share of actions left unscored (malformed replies, timeouts, errors)
 and seconds per action. Rows go to
@@ -110,7 +111,9 @@ def _key(mode: str, run_dir: str, e: Episode) -> tuple[str, str, int, str]:
     return mode, Path(run_dir).name, int(e.actions[0]["iteration"]), e.episode_id  # ids repeat across iterations
 
 
-def score(episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: Path, chunk: int = 4) -> pd.DataFrame:
+def score(
+    episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: Path, chunk: int = 4, concurrency: int = 8
+) -> pd.DataFrame:
     """One row per action and mode: the LLM's score, status and latency, the rubrics' scores, the outcome.
     Each `chunk` of episodes is scored in both modes before the next, and its rows appended to `csv`, so a
     measurement stopped early holds both modes on the same episodes; episodes already there are not scored
@@ -136,6 +139,7 @@ def score(episodes: list[tuple[str, Episode]], base_url: str, model: str, csv: P
                 cfg = CoachConfig(
                     **base
                     | {"backend": "llm", "base_url": base_url, "model": model, "ground_truth": truth, "cache": False}
+                    | {"concurrency": concurrency}
                 )
                 t0 = time.perf_counter()
                 results = score_clean(run_dir, cfg, part)
@@ -194,11 +198,22 @@ def rho(r: float) -> str:
     return "n/a" if math.isnan(r) else f"{r:.2f}"  # n/a: under 3 pairs, or one side gave a single value
 
 
+def echoes(df: pd.DataFrame) -> pd.Series:
+    """Whether each reply repeats the opening of its mode's worked example's rationale (tasks/coach.py
+    EXAMPLES): a coach copying its example instead of judging the action."""
+    from tasks.coach import EXAMPLES
+
+    mode = {True: "with answer", False: "without answer"}
+    opening = {mode[truth]: reply.split("\n")[0][:30] for truth, (_, reply) in EXAMPLES.items()}
+    return pd.Series([opening[m] in str(r) for m, r in zip(df["mode"], df["rationale"])], index=df.index)
+
+
 def table(df: pd.DataFrame) -> list[str]:
+    df = df.assign(echo=echoes(df))
     lines = [
-        "| mode | agent | actions | unscored by the LLM | scores given | Spearman with answer-aware rubric (pairs) | "
-        "Spearman with outcome (pairs) | seconds per action |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | agent | actions | unscored by the LLM | scores given | replies echoing the worked example | "
+        "Spearman with answer-aware rubric (pairs) | Spearman with outcome (pairs) | seconds per action |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, g in df.groupby("mode", sort=False):
         for agent, h in [("all", g), *g.groupby("agent", sort=False)]:
@@ -206,6 +221,7 @@ def table(df: pd.DataFrame) -> list[str]:
             r_out, n_out = spearman(h["llm"], h["outcome"])
             lines.append(
                 f"| {mode} | {agent} | {len(h)} | {(h['status'] != 'ok').mean():.0%} | {verdicts(h['llm'])} | "
+                f"{h['echo'].mean():.0%} | "
                 f"{rho(r_rub)} ({n_rub}) | {rho(r_out)} ({n_out}) | {h['wall_per_action_s'].mean():.2f} |"
             )
     return lines
@@ -218,6 +234,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--base-url", default=None, help="an OpenAI-compatible /v1 URL (default: serve SmolLM2-135M here)")
     ap.add_argument("--model", default=None, help="the model name the server knows (default: the served folder)")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (coach default: 4)")
+    ap.add_argument("--chunk", type=int, default=8, help="episodes scored in both modes before the CSV is appended")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
     ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
     ap.add_argument("--note", default="", help="added to the table's heading, e.g. what shared the CPUs and when")
@@ -236,12 +254,12 @@ def main() -> None:
     if args.fresh:
         csv.unlink(missing_ok=True)
     if args.base_url:
-        df = score(episodes, args.base_url, model, csv)
+        df = score(episodes, args.base_url, model, csv, args.chunk, args.concurrency)
     else:
         from infra.local_llm import transformers_serve
 
         with transformers_serve(model) as url:
-            df = score(episodes, url, model, csv)
+            df = score(episodes, url, model, csv, args.chunk, args.concurrency)
     # a measurement stopped early: the episodes scored in both modes, so the modes compare on the same actions
     df = df[df.groupby(["run", "iteration", "episode_id"])["mode"].transform("nunique") == 2]
     command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import Section, machine
 
-BENCHES = ["trl", "orchestration", "generation", "binpack", "store", "memory", "ranks"]
+BENCHES = ["trl", "orchestration", "generation", "binpack", "store", "memory", "ranks", "coach_serving"]
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 
 

@@ -19,9 +19,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0, port: int | None = None):
+def transformers_serve(
+    model_dir: str | Path, start_timeout_s: float = 120.0, port: int | None = None, continuous_batching: bool = True
+):
     """Serve `model_dir` on `port` (None: a free one) of 127.0.0.1 for the block; yields the `/v1` base URL.
-    Raises RuntimeError when the port is taken, or the server exits or is not healthy within `start_timeout_s`."""
+    Raises RuntimeError when the port is taken, or the server exits or is not healthy within `start_timeout_s`.
+    `continuous_batching` batches concurrent requests (without it the server answers them one at a time:
+    8 concurrent coach requests to SmolLM2-135M took 30 s against 14 s on this 2-core CPU)."""
     import requests
 
     if port is None:
@@ -35,7 +39,11 @@ def transformers_serve(model_dir: str | Path, start_timeout_s: float = 120.0, po
     # (SIGKILL: on SIGTERM it would first finish every generation queued by the dead process)
     launcher = [sys.executable, "-I", str(Path(__file__).with_name("die_with_parent.py")), str(os.getpid()), "--kill"]
     proc = subprocess.Popen(
-        [*launcher, str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        [
+            *launcher,
+            *(str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"),
+            *(["--continuous-batching"] if continuous_batching else []),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

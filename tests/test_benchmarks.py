@@ -223,6 +223,17 @@ def test_ranks_benchmark_times_both_ways_and_the_start():
 
 
 @pytest.mark.slow
+def test_coach_serving_benchmark_sends_the_same_chats_to_both_servers():
+    from benchmarks import bench_coach_serving
+
+    s = bench_coach_serving.run(quick=True)
+    assert [r["server"] for r in s.rows] == ["one at a time", "continuous batching"]
+    assert all(r["requests at once"] == 4 and 0 < r["reply tokens"] <= 4 * 16 and r["wall s"] > 0 for r in s.rows)
+    assert s.notes[0].startswith("continuous batching / one at a time, wall: ")
+    assert re.fullmatch(r"replies identical both ways: [0-4] of 4 .*", s.notes[1])
+
+
+@pytest.mark.slow
 def test_a_killed_driver_takes_its_training_run_with_it(tmp_path):
     """benchmarks' `teamrl(...)` (strategies.py, coach_evidence.py): a driver killed mid-run leaves no
     `teamrl train` behind holding the run's lock, so the same command resumes it."""

@@ -45,7 +45,18 @@ def test_scores_every_action_in_both_modes_and_resumes(trained_run, server, tmp_
     assert len(df) == 2 * actions and not df.duplicated(["mode", "run", "iteration", "episode_id", "agent"]).any()
 
     lines = ca.table(df)
-    assert lines[2].startswith(f"| with answer | all | {actions} | 0% | 7×{actions} |")
+    assert lines[2].startswith(f"| with answer | all | {actions} | 0% | 7×{actions} | 0% |")
+    copied = pd.DataFrame(
+        {
+            "mode": ["with answer", "without answer", "without answer"],
+            "rationale": [
+                "no PROCESS_SCORE in 0..10 in 2 answer(s); last: The program adds instead of multiplying, so",
+                "The task multiplies but the program adds, so it cannot print 92 * 42.\nPROCESS_SCORE: 3",
+                "The program adds instead of multiplying.",  # the other mode's example
+            ],
+        }
+    )
+    assert ca.echoes(copied).tolist() == [True, True, False]
     assert ca.verdicts(pd.Series([2.0, None, 3.0, 2.0])) == "2×2, 3×1" and ca.verdicts(pd.Series([None])) == "none"
 
     # the sample frozen into a run folder of its own: the same episodes, and scoring from it asks for nothing
