@@ -17,7 +17,7 @@ the actions the LLM scored), the share of actions left unscored (malformed repli
 and seconds per action. Rows go to
 benchmarks/coach_agreement/<run>-<model>.csv (one per action and mode) every few episodes, and a rerun
 of the same command scores only what the file lacks (`--fresh` starts over); --write puts the table in
-benchmarks/README.md.
+benchmarks/README.md, and `--report` makes the table from the rows so far without scoring more.
 
 The sampled episodes are first copied, with the run's config.yaml, into a run folder of their own under
 benchmarks/coach_agreement/sample/ (a few hundred kB, committed), and scored from there: a measurement
@@ -171,10 +171,18 @@ def score(
                     f"scored {mode}, {per_action:.1f} s per action",
                     flush=True,
                 )
+    return scored(episodes, csv)
+
+
+def scored(episodes: list[tuple[str, Episode]], csv: Path) -> pd.DataFrame:
+    """The rows of `csv` for `episodes` that were scored in both modes, so the modes compare on the same actions."""
+    if not csv.exists():
+        raise SystemExit(f"{csv}: no scores yet (run without --report first)")
     df = pd.read_csv(csv)
     wanted = {_key(m, r, e) for m in ("with answer", "without answer") for r, e in episodes}
     keys = zip(df["mode"], df["run"], df["iteration"].astype(int), df["episode_id"])
-    return df[[k in wanted for k in keys]]
+    df = df[[k in wanted for k in keys]]
+    return df[df.groupby(["run", "iteration", "episode_id"])["mode"].transform("nunique") == 2]
 
 
 def spearman(x: pd.Series, y: pd.Series) -> tuple[float, int]:
@@ -236,6 +244,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the model name the server knows (default: the served folder)")
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (coach default: 4)")
     ap.add_argument("--chunk", type=int, default=8, help="episodes scored in both modes before the CSV is appended")
+    ap.add_argument("--report", action="store_true", help="the table from the CSV as it is, scoring nothing more")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/README.md")
     ap.add_argument("--fresh", action="store_true", help="score every action again (default: go on from the CSV)")
     ap.add_argument("--note", default="", help="added to the table's heading, e.g. what shared the CPUs and when")
@@ -253,24 +262,30 @@ def main() -> None:
     csv = OUT / f"{runs}-{re.sub(r'[^0-9A-Za-z.-]+', '_', Path(model).name)}.csv"
     if args.fresh:
         csv.unlink(missing_ok=True)
-    if args.base_url:
+    if args.report:
+        df = scored(episodes, csv)
+    elif args.base_url:
         df = score(episodes, args.base_url, model, csv, args.chunk, args.concurrency)
     else:
         from infra.local_llm import transformers_serve
 
         with transformers_serve(model) as url:
             df = score(episodes, url, model, csv, args.chunk, args.concurrency)
-    # a measurement stopped early: the episodes scored in both modes, so the modes compare on the same actions
-    df = df[df.groupby(["run", "iteration", "episode_id"])["mode"].transform("nunique") == 2]
-    command = " ".join([".venv/bin/python benchmarks/coach_agreement.py", *sys.argv[1:]])
+    command = " ".join(
+        [".venv/bin/python benchmarks/coach_agreement.py --run", *args.run, f"--actions {args.actions}"]
+        + ([f"--seed {args.seed}"] if args.seed else [])
+        + ([f"--base-url {args.base_url} --model {model}"] if args.base_url else [])
+    )
+    n_episodes = df.groupby(["run", "iteration", "episode_id"]).ngroups
     text = (
         "\n".join(
             [
                 SECTION,
                 "",
                 (
-                    f"Command: `{command}`; coach `{Path(model).name}`, {len(df) // 2} actions of "
-                    f"{len(episodes)} episodes of `{runs}`; {platform.machine()}, "
+                    f"Command: `{command}` (resumable; `--report --write` makes this table from the rows so far); "
+                    f"coach `{Path(model).name}`, {len(df) // 2} actions of {n_episodes} of the {len(episodes)} "
+                    f"sampled episodes of `{runs}`, each scored in both modes; {platform.machine()}, "
                     f"{os.cpu_count()} cores. Rows: `{csv.relative_to(ROOT)}`. "
                     "Spearman n/a: under 3 pairs, or one side gave a single value."
                     + (f" {args.note}" if args.note else "")
