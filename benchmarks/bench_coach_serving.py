@@ -6,14 +6,15 @@ The coach sends `coach.concurrency` requests at once. Without continuous batchin
 answers them one after another; with it (`--continuous-batching`, infra/local_llm.py's default) it
 decodes them in one batch. Both servers get the same real coach chats: the first actions of the stored
 sample run under benchmarks/coach_agreement/sample/ (tasks/coach.py `coach_messages`, with the answer),
-all sent at once, greedy, at most `coach.max_tokens` reply tokens. Reported: wall seconds for the
-batch, reply tokens per second, and how many replies were the same text both ways (batched float
-arithmetic can change a greedy reply).
+all sent at once, greedy, at most `coach.max_tokens` reply tokens, three rounds a server. Reported: the
+median wall seconds of a round, reply tokens per second, and how many replies were the same text both
+ways (batched float arithmetic can change a greedy reply).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,8 +39,11 @@ def coach_chats(n: int) -> tuple[list[list[dict]], int]:
     return chats, cfg.max_tokens
 
 
-def serve_batch(chats: list[list[dict]], max_tokens: int, continuous_batching: bool) -> tuple[float, list[str], int]:
-    """(wall seconds, replies, reply tokens) of all `chats` sent at once to a fresh local server."""
+def serve_batch(
+    chats: list[list[dict]], max_tokens: int, continuous_batching: bool, repeats: int
+) -> tuple[list[float], list[str], int]:
+    """(wall seconds of each of `repeats` rounds, the last round's replies, its reply tokens) of all `chats`
+    sent at once to a fresh local server."""
     from openai import OpenAI
 
     from infra.local_llm import transformers_serve
@@ -55,23 +59,34 @@ def serve_batch(chats: list[list[dict]], max_tokens: int, continuous_batching: b
             )
 
         ask(chats[0])  # the first request loads the model: not timed
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(chats)) as pool:
-            replies = list(pool.map(ask, chats))
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(len(chats)) as pool:
+                replies = list(pool.map(ask, chats))
+            walls.append(time.perf_counter() - t0)
     texts = [r.choices[0].message.content or "" for r in replies]
-    return wall, texts, sum(r.usage.completion_tokens for r in replies if r.usage)
+    return walls, texts, sum(r.usage.completion_tokens for r in replies if r.usage)
 
 
 def run(quick: bool = False) -> Section:
     chats, max_tokens = coach_chats(4 if quick else 8)
     if quick:
         max_tokens = 16
-    one_by_one = serve_batch(chats, max_tokens, continuous_batching=False)
-    batched = serve_batch(chats, max_tokens, continuous_batching=True)
+    repeats = 1 if quick else 3
+    one_by_one = serve_batch(chats, max_tokens, continuous_batching=False, repeats=repeats)
+    batched = serve_batch(chats, max_tokens, continuous_batching=True, repeats=repeats)
+    ways = (("one at a time", one_by_one), ("continuous batching", batched))
+    wall = {name: statistics.median(walls) for name, (walls, _, _) in ways}
     rows = [
-        {"server": name, "requests at once": len(chats), "wall s": wall, "reply tokens": toks, "tokens/s": toks / wall}
-        for name, (wall, _, toks) in (("one at a time", one_by_one), ("continuous batching", batched))
+        {
+            "server": name,
+            "requests at once": len(chats),
+            "median wall s": wall[name],
+            "reply tokens": toks,
+            "tokens/s": toks / wall[name],
+        }
+        for name, (_, _, toks) in ways
     ]
     same = sum(a == b for a, b in zip(one_by_one[1], batched[1]))
     return Section(
@@ -79,7 +94,10 @@ def run(quick: bool = False) -> Section:
         command=f".venv/bin/python -m benchmarks.bench_coach_serving{' --quick' if quick else ''}",
         rows=rows,
         notes=[
-            f"continuous batching / one at a time, wall: {batched[0] / one_by_one[0]:.2f}",
+            "continuous batching / one at a time, median wall: "
+            f"{wall['continuous batching'] / wall['one at a time']:.2f}",
+            "wall s of each round (one server a way, after an untimed request that loads the model): "
+            + "; ".join(f"{name} {', '.join(f'{w:.1f}' for w in walls)}" for name, (walls, _, _) in ways),
             f"replies identical both ways: {same} of {len(chats)} (greedy; batched arithmetic can differ)",
             f"SmolLM2-135M-Instruct, the coach's chats for the first {len(chats)} actions of {SAMPLE.name}'s "
             f"iteration-1 rollouts, at most {max_tokens} reply tokens each",

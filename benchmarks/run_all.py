@@ -2,6 +2,8 @@
 
     .venv/bin/python -m benchmarks.run_all [--quick] [--only store binpack ...]
 
+With `--only`, an existing RESULTS.md keeps every other benchmark's section and only these are rewritten.
+
 Each benchmark is a module `benchmarks/bench_<name>.py` with `run(quick) -> Section` (benchmarks/
 common.py). They run one after the other in this process; one that fails is reported in its section
 with the error, and the others still run. Run it on a quiet machine: the figures are medians and
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import time
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.common import Section, machine
+from benchmarks.common import Section, machine, write_section
 
 BENCHES = ["trl", "orchestration", "generation", "binpack", "store", "memory", "ranks", "coach_serving"]
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
@@ -42,18 +45,30 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=BENCHES, default=BENCHES)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
+    command = f".venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}" + (
+        f" --only {' '.join(a.only)}" if a.only != BENCHES else ""
+    )
     parts, start = [], machine()
     for name in a.only:
         print(f"bench {name} ...", flush=True)
+        load = os.getloadavg()[0]
         section, seconds = run_one(name, a.quick)
         print(section.markdown(), flush=True)
-        parts.append(section.markdown() + f"\n_{seconds:.0f} s_\n")
+        when = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        stamp = f"_{seconds:.0f} s; measured {when} by `{command}`, load average {load:.1f} at its start_"
+        parts.append((name, section.title, section.markdown() + f"\n{stamp}\n"))
+    if a.only != BENCHES and a.out.exists():
+        # a partial run replaces its own sections (and an earlier failure of the same benchmark), keeping the rest
+        for name, title, text in parts:
+            write_section(a.out, f"## {name}: FAILED", "")
+            write_section(a.out, f"## {title}", text)
+        print(f"updated {a.out}")
+        return
     head = [
         "# Performance results (`make bench`)",
         "",
-        f"Written by `.venv/bin/python -m benchmarks.run_all{' --quick' if a.quick else ''}"
-        f"{' --only ' + ' '.join(a.only) if a.only != BENCHES else ''}` on "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
+        f"Written by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; `--only` rewrites its own sections "
+        "and keeps the others, so each section ends with when it was measured.",
         "",
         f"Machine at the start: {start}.",
         f"At the end: {machine()}.",
@@ -62,7 +77,7 @@ def main() -> None:
         "How each is measured: the module docstring of `benchmarks/bench_<name>.py`.",
         "",
     ]
-    a.out.write_text("\n".join(head) + "\n" + "\n".join(parts))
+    a.out.write_text("\n".join(head) + "\n" + "\n".join(text for _, _, text in parts))
     print(f"wrote {a.out}")
 
 
