@@ -144,9 +144,9 @@ class TeamPolicy:
                     for m in layers:  # W + s * B @ A
                         w = m.base_layer.weight
                         swapped.append((w, w.data))
-                        w.data = torch.addmm(
-                            w.data, m.lora_B[agent].weight, m.lora_A[agent].weight, alpha=m.scaling[agent]
-                        )
+                        # peft keeps adapters in float32 beside a bfloat16 base: fold in the base's dtype
+                        b, a = (x[agent].weight.to(w.dtype) for x in (m.lora_B, m.lora_A))
+                        w.data = torch.addmm(w.data, b, a, alpha=m.scaling[agent])
                 with self.model.disable_adapter():
                     yield model
             finally:

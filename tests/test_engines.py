@@ -155,6 +155,28 @@ def test_sampling_folds_the_adapter_in_and_gives_the_base_back_bit_exact(policy,
         policy.load(tmp_path, "b", 0)  # the fixture's initial adapter
 
 
+def test_sampling_folds_a_float32_adapter_into_a_bfloat16_base():
+    """The GPU presets run a bfloat16 base, and peft keeps each adapter in float32: folding casts the
+    adapter to the base's dtype (a mixed-dtype addmm fails), and the folded logits match the adapter on
+    the side within bfloat16's rounding."""
+    import torch
+
+    from infra.models import ModelConfig
+    from infra.policy import TeamPolicy
+
+    policy = TeamPolicy(ModelConfig(name="tiny", dtype="bfloat16", lora_rank=4, lora_alpha=8), ["a"])
+    assert {p.dtype for p in policy.parameters("a")} == {torch.float32} and policy._foldable("a")
+    with torch.no_grad():
+        for p in policy.parameters("a"):
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    with torch.no_grad(), policy.acting("a") as m:
+        want = m(input_ids=ids).logits.float()
+    with torch.no_grad(), policy.sampling("a") as m:
+        got = m(input_ids=ids).logits.float()
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
 def test_sampling_does_not_fold_partitioned_weights(policy, monkeypatch):
     """Under a trainer that partitions weights (ZeRO-3 sets `gather`) the base is not whole: `sampling`
     is `acting`, the adapter on the side."""
