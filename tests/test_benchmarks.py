@@ -284,3 +284,26 @@ def test_a_killed_driver_takes_its_training_run_with_it(tmp_path):
         driver.kill()
         for pid in trainers():
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_gpu_probe_runs_its_smoke_shape_on_the_cpu(tmp_path, monkeypatch):
+    """benchmarks/gpu_probe.py at `--shape smoke`: the MathChat turn order through the hf engine (each
+    agent's prompts carry the turns before), one update per agent and one full-weight update, written out."""
+    import json
+
+    from benchmarks import gpu_probe
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["gpu_probe", "--shape", "smoke", "--questions", "2", "--episodes", "2", "--full"]
+    monkeypatch.setattr(sys, "argv", argv)
+    gpu_probe.main()
+    out = json.loads((tmp_path / "gpu_probe.json").read_text())
+    gen = out["generation"]
+    assert [g["stage"] for g in gen] == ["generate solver", "generate executor", "generate verifier"]
+    assert all(g["prompts"] == 4 and 0 < g["new_tokens"] <= 4 * b for g, b in zip(gen, (128, 256, 32)))
+    assert gen[0]["mean_prompt_tokens"] < gen[1]["mean_prompt_tokens"] < gen[2]["mean_prompt_tokens"]
+    ups = [*out["update_lora"], out["update_full"]]
+    assert [u["agent"] for u in ups] == ["solver", "executor", "verifier", "solver"]
+    assert all(not u["skipped"] and u["samples"] == 4 and u["trained_tokens"] > 0 for u in ups)
+    assert out["base_params"] > 0 and out["matmul_peak_tflops"] is None
