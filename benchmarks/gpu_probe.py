@@ -54,6 +54,11 @@ def matmul_peak(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e12
 
 
+def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float) -> float:
+    """Model FLOP utilisation: flops_per_token * tokens/s / peak."""
+    return round(flops_per_token * tokens_per_s / (peak_tflops * 1e12), 3)
+
+
 def timed(fn):
     import torch
 
@@ -101,7 +106,7 @@ def team(weights: str, agents: list[str], shape: str, device: str):
 
 
 def update(policy, agent: str, gens: list, micro_batch: int) -> dict:
-    """One update of `agent` on its samples (standard-normal advantages), timed, with its FLOPs estimate."""
+    """One update of `agent` on its samples (standard-normal advantages), timed."""
     import torch
 
     from infra.trainer import TrainItem, TrainSpec, train_agent
@@ -205,9 +210,7 @@ def main() -> None:
         print(json.dumps(ups[-1]), flush=True)
     if out["matmul_peak_tflops"]:  # LoRA: forward 2N + input-gradient backward 2N flops a token (frozen base)
         for u in ups:
-            u["mfu_estimate"] = round(
-                4 * n_params * u["processed_tokens_per_s"] / (out["matmul_peak_tflops"] * 1e12), 3
-            )
+            u["mfu_estimate"] = mfu(4 * n_params, u["processed_tokens_per_s"], out["matmul_peak_tflops"])
     out["update_lora"] = ups
     if args.full:
         del engine, policy
@@ -217,9 +220,7 @@ def main() -> None:
             _, full = team("full", ["solver"], args.shape, device)
             u = update(full, "solver", gens["solver"], args.micro_batch)
             if out["matmul_peak_tflops"]:  # full weights: forward 2N + backward 4N flops a token
-                u["mfu_estimate"] = round(
-                    6 * n_params * u["processed_tokens_per_s"] / (out["matmul_peak_tflops"] * 1e12), 3
-                )
+                u["mfu_estimate"] = mfu(6 * n_params, u["processed_tokens_per_s"], out["matmul_peak_tflops"])
             out["update_full"] = u
         except torch.OutOfMemoryError as e:
             out["update_full"] = f"out of memory: {e}"

@@ -307,3 +307,10 @@ def test_gpu_probe_runs_its_smoke_shape_on_the_cpu(tmp_path, monkeypatch):
     assert [u["agent"] for u in ups] == ["solver", "executor", "verifier", "solver"]
     assert all(not u["skipped"] and u["samples"] == 4 and u["trained_tokens"] > 0 for u in ups)
     assert out["base_params"] > 0 and out["matmul_peak_tflops"] is None
+
+
+def test_model_flop_utilisation_by_hand():
+    from benchmarks.gpu_probe import mfu
+
+    assert mfu(4 * 10**9, 1000, 8.0) == 0.5  # 4e9 flops a token x 1000 tokens/s = 4 TFLOP/s of a peak of 8
+    assert mfu(6 * 3759331840, 7952.3, 801.5) == 0.224  # the H200 probe's full-weight update row
