@@ -314,3 +314,14 @@ def test_model_flop_utilisation_by_hand():
 
     assert mfu(4 * 10**9, 1000, 8.0) == 0.5  # 4e9 flops a token x 1000 tokens/s = 4 TFLOP/s of a peak of 8
     assert mfu(6 * 3759331840, 7952.3, 801.5) == 0.224  # the H200 probe's full-weight update row
+
+
+@pytest.mark.slow
+def test_decode_check_times_each_way_on_the_cpu(tmp_path):
+    import json
+    import subprocess
+
+    env = os.environ | {"OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "benchmarks/decode_check.py", "smoke"], env=env, check=True, capture_output=True)
+    res = json.loads((tmp_path / "decode_check.json").read_text())
+    assert len(res["ms_per_decode_step"]) == 4 and all(v > 0 for v in res["ms_per_decode_step"].values())
