@@ -3,10 +3,10 @@ processes joined with it in one gloo process group: on this machine (`spawn_rank
 `spawn`) or as Ray actors on a cluster (`ray_ranks`, placed by a placement group).
 
 The group lives for one update: the helpers load the team's model themselves (they receive the run folder,
-iteration, phase and agent, never tensors), train the same replica on their share of each minibatch, and
-exit; rank 0 keeps the result and writes the checkpoint as a one-rank update does. A rank that raises or
-dies fails the update with an error naming it, every helper is stopped, and nothing is written, so the
-task's retry or `--resume` redoes the update.
+iteration, phase and agent, never tensors), train on their share of each minibatch (the same replica of
+LoRA adapters; full weights sharded, infra/sharded.py), and exit; rank 0 keeps the result and writes the
+checkpoint as a one-rank update does. A rank that raises or dies fails the update with an error naming it,
+every helper is stopped, and nothing is written, so the task's retry or `--resume` redoes the update.
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def accumulate(
     rank: int = 0,
     world: int = 1,
     skip_zero: bool = False,
+    lockstep: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
 
@@ -102,6 +103,8 @@ def accumulate(
     share of the minibatch's tokens makes the summed gradient the minibatch token-mean's, whatever
     the order, so samples that share a prompt are put together (`by_prompt`). With `world` ranks, rank
     r takes micro-batches r, r + world, ...: its loss, stats and gradients are its part of the sum.
+    `lockstep` (an engine with collectives inside forward and backward): every rank makes as many passes,
+    a rank short of micro-batches running the first one again with weight 0.
 
     `skip_zero` (for a loss whose every token term is its advantage times a function of the ratio): the
     samples whose advantages are 0 on every trained token get no forward pass. Their gradient is exactly 0
@@ -116,11 +119,17 @@ def accumulate(
     loss_sum = 0.0
     stats_sum: dict[str, float] = {}
     starts = range(0, len(mb), micro_batch_size)
-    for m0 in starts[rank::world]:
-        micro = mb[m0 : m0 + micro_batch_size]
+    mine: list[int | None] = list(starts[rank::world])
+    if lockstep:
+        mine += [None] * (-(-len(starts) // world) - len(mine))
+    for m0 in mine:
+        micro = mb[(m0 or 0) : (m0 or 0) + micro_batch_size]
         logp = forward(micro, m0 == starts[-1])
         old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
         loss, stats = loss_fn(logp, old, adv, mask)
+        if m0 is None:  # a lockstep pass: its collectives, no contribution
+            backward(loss * 0.0)
+            continue
         share, stats_share = mask.sum().item() / mb_tokens, mask.sum().item() / stats_tokens
         backward(loss * share)
         loss_sum += loss.item() * share
@@ -151,6 +160,8 @@ class TrainSpec:
 
 class Steps(Protocol):
     """What a trainer engine supplies to `train_loop`, built per update of one agent."""
+
+    lockstep: bool  # every rank must make as many forward/backward passes (`accumulate`)
 
     def forward(self, micro: list[TrainItem], last: bool) -> torch.Tensor:
         """The micro-batch's [B, L] response log-probs under the weights in training (`last`: the
@@ -203,6 +214,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
                 spec.rank,
                 spec.world,
                 spec.skip_zero_advantage,
+                steps.lockstep,
             )
             if spec.world > 1:  # every rank decides on the whole minibatch's loss and KL
                 loss_sum, stats = all_sum(loss_sum, stats)
@@ -259,7 +271,10 @@ def reduce_gradients(params: list[torch.nn.Parameter]) -> None:
 
 
 class TorchSteps:
-    """The `torch` engine's steps: AdamW on the agent's trainable parameters, in this process."""
+    """The `torch` engine's steps: AdamW on the agent's trainable parameters, in this process (replicated
+    on every rank; full weights on several ranks are sharded instead: infra/sharded.py)."""
+
+    lockstep = False
 
     def __init__(self, policy, agent: str, spec: TrainSpec):
         self.spec, self.pad = spec, policy.tokenizer.pad_token_id
@@ -281,7 +296,10 @@ class TorchSteps:
                 stacklevel=4,
             )
         else:
-            self.opt.load_state_dict(state)
+            self._set_state(state)
+
+    def _set_state(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
 
     def forward(self, micro: list[TrainItem], last: bool) -> torch.Tensor:
         prompts, responses = [it.prompt_ids for it in micro], [it.response_ids for it in micro]
@@ -316,7 +334,12 @@ class TorchSteps:
 def train_agent(
     policy, agent: str, items: list[TrainItem], loss_fn: Callable, spec: TrainSpec
 ) -> tuple[TrainResult, dict | None]:
-    """The `torch` engine's update of `agent` on `items` (train_loop over TorchSteps)."""
+    """The `torch` engine's update of `agent` on `items`: train_loop over TorchSteps, or over FSDP2's
+    ShardedSteps for full weights on several ranks."""
+    if spec.world > 1 and policy.cfg.weights == "full":
+        from infra.sharded import ShardedSteps
+
+        return train_loop(ShardedSteps(policy, agent, spec), items, loss_fn, spec)
     return train_loop(TorchSteps(policy, agent, spec), items, loss_fn, spec)
 
 

@@ -33,9 +33,9 @@ def _params(policy, agent: str) -> list[torch.Tensor]:
         return [p.detach().clone() for p in policy.parameters(agent)]
 
 
-def _rank(weights: str, rank: int, world: int) -> None:
+def _rank(weights: str, spec: TrainSpec = SPEC, *, rank: int, world: int) -> None:
     """A helper rank of the trainer-level test: the same replica and batch, its share of each minibatch."""
-    train_agent(_policy(weights), "a", train_items(7), LOSS, replace(SPEC, rank=rank, world=world))
+    train_agent(_policy(weights), "a", train_items(7), LOSS, replace(spec, rank=rank, world=world))
 
 
 def _fail(rank: int, world: int) -> None:
@@ -63,6 +63,38 @@ def test_two_ranks_make_the_one_rank_update(weights):
         assert torch.equal(p, q)
 
 
+def test_full_weights_on_two_ranks_are_sharded_and_carry_the_one_rank_moments(tmp_path):
+    """FSDP2 (infra/sharded.py): each rank holds half of the agent's weights and AdamW moments; starting from
+    moments a one-rank update saved, two ranks end with the one-rank update's weights and moments, gathered
+    whole in the one-rank layout."""
+    from infra.sharded import ShardedSteps
+    from infra.trainer import train_loop
+
+    _, saved = train_agent(_policy("full"), "a", train_items(5), LOSS, SPEC)
+    torch.save(saved, tmp_path / "optimizer.pt")
+    spec = replace(SPEC, optimizer_state=tmp_path / "optimizer.pt")
+    one = _policy("full")
+    _, state1 = train_agent(one, "a", train_items(7), LOSS, spec)
+    two = _policy("full")
+    with spawn_ranks(2, 1, _rank, ("full", spec)):
+        steps = ShardedSteps(two, "a", replace(spec, world=2))
+        local = sum(p.to_local().numel() for p in steps.params)
+        moments = sum(v.to_local().numel() for s in steps.opt.state.values() for k, v in s.items() if k != "step")
+        _, state2 = train_loop(steps, train_items(7), LOSS, replace(spec, world=2))
+    whole = sum(p.numel() for p in two.parameters("a"))
+    assert local <= whole // 2 + 1024 and moments == 2 * local  # each rank: its half (rows split unevenly)
+    w1, w2 = _params(one, "a"), _params(two, "a")
+    gap = torch.cat([(q - p).flatten() for p, q in zip(w1, w2)]).norm() / torch.cat([p.flatten() for p in w1]).norm()
+    assert gap < 1e-5, gap
+    assert state2 is not None and state1["param_groups"] == state2["param_groups"]
+    assert state1["state"].keys() == state2["state"].keys()
+    for i, s1 in state1["state"].items():
+        assert torch.equal(s1["step"], state2["state"][i]["step"])
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert type(state2["state"][i][k]) is torch.Tensor and s1[k].shape == state2["state"][i][k].shape
+            torch.testing.assert_close(state2["state"][i][k], s1[k], rtol=1e-3, atol=1e-7)
+
+
 def test_a_helper_rank_that_raises_fails_the_update_naming_it():
     policy = _policy("lora")
     before = _params(policy, "a")
@@ -82,7 +114,7 @@ def _run(root, run_id, *overrides):
     return train(config=tiny_config(root, f"run.id={run_id}", *RUN, *overrides))
 
 
-def _same_run(a, b):
+def _same_run(a, b, weights: str = "adapter_model.safetensors"):
     from infra import store
     from infra.policy import checkpoint_dir, latest_version
 
@@ -96,8 +128,8 @@ def _same_run(a, b):
     for agent in ("solver", "executor", "verifier"):
         v = latest_version(a, agent)
         assert v == latest_version(b, agent)
-        wa = load_file(checkpoint_dir(a, agent, v) / "adapter_model.safetensors")
-        wb = load_file(checkpoint_dir(b, agent, v) / "adapter_model.safetensors")
+        wa = load_file(checkpoint_dir(a, agent, v) / weights)
+        wb = load_file(checkpoint_dir(b, agent, v) / weights)
         for k in wa:
             torch.testing.assert_close(wb[k], wa[k], rtol=1e-3, atol=1e-5)
 
@@ -122,3 +154,9 @@ def test_a_run_on_two_ranks_ends_where_one_rank_ends_and_survives_a_killed_rank(
     monkeypatch.delenv("TEAMRL_FAULT")
     train(config=tiny_config(tmp_path, *RUN, "engines.train_ranks=2"), resume="killed")
     _same_run(one, killed)
+
+
+@pytest.mark.slow
+def test_a_full_weights_run_sharded_on_two_ranks_ends_where_one_rank_ends(prefect_harness, tmp_path):
+    full = ("model.weights=full", "algorithm.lr=1e-5")
+    _same_run(_run(tmp_path, "one", *full), _run(tmp_path, "two", *full, "engines.train_ranks=2"), "model.safetensors")

@@ -177,3 +177,38 @@ def test_after_an_update_that_never_saved_load_reads_the_checkpoint(policy, tmp_
     policy.load(tmp_path, "a", 1)
     for p, s in zip(policy.parameters("a"), saved):
         assert torch.equal(p, s)
+
+
+def test_lockstep_ranks_make_as_many_passes_and_a_spare_pass_adds_nothing():
+    """5 micro-batches on 2 ranks: rank 0 takes 0, 2, 4 and rank 1 takes 1, 3; in lockstep (FSDP) rank 1
+    makes a third pass, on micro-batch 0 with weight 0, so its loss and stats are those of its own two."""
+    from infra.trainer import accumulate
+
+    items = train_items(5)
+    calls: dict[tuple[int, bool], list] = {}
+
+    def run(rank: int, lockstep: bool):
+        seen, weights = calls.setdefault((rank, lockstep), []), []
+
+        def forward(micro, last):
+            seen.append([it.prompt_ids for it in micro])
+            return torch.full((len(micro), 5), -1.0, requires_grad=True)
+
+        def loss_fn(logp, old, adv, mask):
+            return -(logp * mask).sum() / mask.sum(), {"n": 1.0}
+
+        out = accumulate(items, 1, forward, loss_fn, lambda loss: weights.append(loss.item()), rank, 2, False, lockstep)
+        return out, weights
+
+    (loss0, _), w0 = run(0, True)
+    (loss1, stats1), w1 = run(1, True)
+    (free1, free_stats1), wf = run(1, False)
+    order = [it.prompt_ids for it in by_prompt(items)]
+    assert calls[(0, True)] == [[order[0]], [order[2]], [order[4]]]
+    assert calls[(1, True)] == [[order[1]], [order[3]], [order[0]]]  # the spare pass: micro-batch 0 again
+    assert calls[(1, False)] == [[order[1]], [order[3]]]
+    assert w1[-1] == 0.0 and w1[:2] == wf and (loss1, stats1) == (free1, free_stats1)
+    tokens = [len(it.response_ids) for it in by_prompt(items)]
+    # each loss is 1 per token-mean, weighted by its share of the minibatch's tokens: the ranks' parts sum to 1
+    assert loss0 + loss1 == pytest.approx(1.0)
+    assert loss1 == pytest.approx((tokens[1] + tokens[3]) / sum(tokens))

@@ -166,6 +166,8 @@ class DeepSpeedTrainer:
 class _DeepSpeedSteps:
     """One update's DeepSpeed engine over the agent's trainable weights (`Steps` of infra/trainer.py)."""
 
+    lockstep = False  # one rank (engines.train_ranks > 1 runs the torch trainer only)
+
     def __init__(self, trainer: DeepSpeedTrainer, policy, agent: str, spec: TrainSpec):
         import deepspeed
 
