@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import ExitStack
 
 import torch
 
@@ -56,10 +55,9 @@ class ShardedSteps(TorchSteps):
 
     def __init__(self, policy, agent: str, spec: TrainSpec):
         self.spec, self.pad = spec, policy.tokenizer.pad_token_id
-        self._acting = ExitStack()
-        live_model = self._acting.enter_context(policy.acting(agent))
+        with policy.acting(agent) as live_model:
+            self.model = shard(copy.deepcopy(live_model), spec.world, policy.device)
         self.live = policy.parameters(agent)
-        self.model = shard(copy.deepcopy(live_model), spec.world, policy.device)
         self.params = list(self.model.parameters())  # the deep copy keeps the order: params[i] shards live[i]
         self.opt = torch.optim.AdamW(self.params, lr=spec.lr, weight_decay=spec.weight_decay)
         self._load(spec.optimizer_state)
@@ -81,6 +79,9 @@ class ShardedSteps(TorchSteps):
         if math.isfinite(gnorm):
             self.opt.step()
         return gnorm
+
+    def close(self) -> None:
+        pass  # no acting block stays open: the update trains its own sharded copy
 
     def restore(self) -> None:
         pass  # only the shards changed; the team's weights are written by `state`, at the update's end
