@@ -7,7 +7,8 @@ model change, on the `deepresearch-smol` preset.
 Variants: `shared` (the preset: one model plays System 2 and System 1, as in the paper), `separate` (one
 adapter per system, `pipeline.shared_model=false`), `no-system1` (System 2 reads the raw search output
 truncated to its budget, `pipeline.system1=false`), `g8` (the preset's 32 training episodes an iteration as 4
-questions x 8 samples instead of 8 x 4) and `short-docs` (documents of at most 200 tokens instead of 600).
+questions x 8 samples instead of 8 x 4), `short-docs` (documents of at most 200 tokens instead of 600), and
+`short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents).
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
 `--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
 progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
@@ -63,6 +64,9 @@ VARIANTS = {
     # documents of 50-200 tokens, so one System-1 bin holds a whole document and System 2 reads one finding
     # a search instead of several, most of them another fact (often a year) or invented
     "short-docs": ["pipeline.max_tokens=200"],
+    # the paper's two comparisons on short documents, where a run takes about half an hour
+    "short-docs-no-system1": ["pipeline.max_tokens=200", "pipeline.system1=false"],
+    "short-docs-separate": ["pipeline.max_tokens=200", "pipeline.shared_model=false"],
 }
 YEAR = re.compile(r"\d{4}")
 
