@@ -8,9 +8,11 @@ Gradients are summed over the ranks, not averaged: each rank's loss is already i
 minibatch's token mean (`accumulate`), as with the replicated LoRA ranks.
 
 The team's own copy of the weights stays whole, for generation, and untouched until the update ends,
-when the trained weights are gathered into it; a failed or refused update so leaves it as it was. The
-AdamW moments are gathered too and saved whole, in the one-rank trainer's layout, so a run may change
-its number of ranks (or go back to one) between updates.
+when the trained weights are gathered into it: a refused update, or one that fails before that gather,
+leaves it as it was (one that fails during the gather leaves it part-written, and the update marked it
+changed (`TeamPolicy.changing`), so its next use reloads the checkpoint). The AdamW moments are gathered
+too, kept on rank 0 only and saved whole, in the one-rank trainer's layout, so a run may change its number
+of ranks (or go back to one) between updates.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def shard(model: torch.nn.Module, world: int, device: str) -> torch.nn.Module:
 
     mesh = init_device_mesh(torch.device(device).type, (world,))
     blocks = set(getattr(model, "_no_split_modules", None) or [])
-    for m in model.modules():
+    for m in reversed(list(model.modules())):  # FSDP2 wraps inner units before the units that hold them
         if type(m).__name__ in blocks:
             fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -87,10 +89,19 @@ class ShardedSteps(TorchSteps):
         pass  # only the shards changed; the team's weights are written by `state`, at the update's end
 
     def state(self) -> dict:
-        """Gather the trained weights into the team's copy (every rank takes part; rank 0's is the one kept)
-        and return the whole optimizer state."""
+        """Gather the trained weights into the team's copy and return the whole optimizer state. Every rank
+        takes part in each gather; only rank 0 keeps what it gathers (the helpers' results are discarded), so
+        a helper never holds the whole moments."""
+        keep = self.spec.rank == 0
         with torch.no_grad():
             for live, p in zip(self.live, self.params):
-                live.copy_(_whole(p.detach()))
+                whole = _whole(p.detach())
+                if keep:
+                    live.copy_(whole)
         state = self.opt.state_dict()
-        return state | {"state": {i: {k: _whole(v) for k, v in s.items()} for i, s in state["state"].items()}}
+        moments = {}
+        for i, s in state["state"].items():
+            gathered = {k: _whole(v) for k, v in s.items()}
+            if keep:
+                moments[i] = gathered
+        return state | {"state": moments}

@@ -177,7 +177,7 @@ class Steps(Protocol):
         a non-finite norm the loop ends the update and restores the weights."""
 
     def restore(self) -> None:
-        """Put the weights back as they were before the update."""
+        """Leave the team's weights as they were before the update (put back those the steps changed)."""
 
     def state(self) -> dict:
         """The optimizer state to save with the new checkpoint."""
@@ -288,7 +288,8 @@ class TorchSteps:
     def _load(self, path: Path | None) -> None:
         if path is None or not path.exists():
             return
-        state = torch.load(path, weights_only=True)
+        # mapped, not read: a sharded rank touches only its own slice of each moment (infra/sharded.py)
+        state = torch.load(path, weights_only=True, mmap=True)
         if "trainer" in state:  # written by another trainer (infra/engines/deepspeed.py): its layout is not ours
             warnings.warn(
                 f"{path} holds {state['trainer']} optimizer state; the torch trainer starts with fresh AdamW moments",
@@ -297,6 +298,8 @@ class TorchSteps:
             )
         else:
             self._set_state(state)
+            for g in self.opt.param_groups:  # the spec's hyperparameters, not the saved ones
+                g["lr"], g["weight_decay"] = self.spec.lr, self.spec.weight_decay
 
     def _set_state(self, state: dict) -> None:
         self.opt.load_state_dict(state)

@@ -376,8 +376,9 @@ def _ranks(ctx: context.RunContext, update_args: tuple):
 def train_rank(
     run_dir: str, iteration: int, phase: str, agent: str, version_before: int, rank: int, world: int
 ) -> None:
-    """Training rank `rank` > 0 of an update: the same replica, batch and spec as rank 0, its share of each
-    minibatch (infra/trainer.py `accumulate`); rank 0 keeps the result."""
+    """Training rank `rank` > 0 of an update: the same batch and spec as rank 0, its share of each minibatch
+    (infra/trainer.py `accumulate`), on a replica of the agent's adapter or a shard of its full weights
+    (infra/sharded.py); rank 0 keeps the result."""
     ctx = context.of(run_dir)
     ctx.policy.load(run_dir, agent, version_before)
     ctx.policy.changing(agent)  # rank 0 saves the result; here the weights become no version's

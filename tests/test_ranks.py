@@ -38,6 +38,12 @@ def _rank(weights: str, spec: TrainSpec = SPEC, *, rank: int, world: int) -> Non
     train_agent(_policy(weights), "a", train_items(7), LOSS, replace(spec, rank=rank, world=world))
 
 
+def _sharded_rank(spec: TrainSpec, *, rank: int, world: int) -> None:
+    """A helper rank of a full-weights update: it takes part in gathering the moments and keeps none."""
+    _, state = train_agent(_policy("full"), "a", train_items(7), LOSS, replace(spec, rank=rank, world=world))
+    assert state is not None and not state["state"], f"helper rank {rank} kept the gathered moments"
+
+
 def _fail(rank: int, world: int) -> None:
     raise ValueError("the helper's own error")
 
@@ -66,7 +72,7 @@ def test_two_ranks_make_the_one_rank_update(weights):
 def test_full_weights_on_two_ranks_are_sharded_and_carry_the_one_rank_moments(tmp_path):
     """FSDP2 (infra/sharded.py): each rank holds half of the agent's weights and AdamW moments; starting from
     moments a one-rank update saved, two ranks end with the one-rank update's weights and moments, gathered
-    whole in the one-rank layout."""
+    whole in the one-rank layout on rank 0 (the helper keeps none)."""
     from infra.sharded import ShardedSteps
     from infra.trainer import train_loop
 
@@ -76,7 +82,7 @@ def test_full_weights_on_two_ranks_are_sharded_and_carry_the_one_rank_moments(tm
     one = _policy("full")
     _, state1 = train_agent(one, "a", train_items(7), LOSS, spec)
     two = _policy("full")
-    with spawn_ranks(2, 1, _rank, ("full", spec)):
+    with spawn_ranks(2, 1, _sharded_rank, (spec,)):
         steps = ShardedSteps(two, "a", replace(spec, world=2))
         local = sum(p.to_local().numel() for p in steps.params)
         moments = sum(v.to_local().numel() for s in steps.opt.state.values() for k, v in s.items() if k != "step")
@@ -160,3 +166,49 @@ def test_a_run_on_two_ranks_ends_where_one_rank_ends_and_survives_a_killed_rank(
 def test_a_full_weights_run_sharded_on_two_ranks_ends_where_one_rank_ends(prefect_harness, tmp_path):
     full = ("model.weights=full", "algorithm.lr=1e-5")
     _same_run(_run(tmp_path, "one", *full), _run(tmp_path, "two", *full, "engines.train_ranks=2"), "model.safetensors")
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.lin = _Inner(), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.inner(x))
+
+
+class _Nested(torch.nn.Module):
+    _no_split_modules = ["_Outer", "_Inner"]  # an unsplittable block inside another
+
+    def __init__(self):
+        super().__init__()
+        self.outer = _Outer()
+
+    def forward(self, x):
+        return self.outer(x)
+
+
+def test_shard_wraps_nested_blocks_inner_first(tmp_path):
+    """FSDP2 must wrap a unit before the unit that holds it (wrapped outer-first, the backward fails)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from infra.sharded import shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = shard(_Nested(), 1, "cpu")
+        model(torch.ones(2, 4)).sum().backward()
+        assert all(isinstance(m, FSDPModule) for m in (model, model.outer, model.outer.inner))
+        assert all(p.grad is not None for p in model.parameters())
+    finally:
+        dist.destroy_process_group()

@@ -212,3 +212,20 @@ def test_lockstep_ranks_make_as_many_passes_and_a_spare_pass_adds_nothing():
     # each loss is 1 per token-mean, weighted by its share of the minibatch's tokens: the ranks' parts sum to 1
     assert loss0 + loss1 == pytest.approx(1.0)
     assert loss1 == pytest.approx((tokens[1] + tokens[3]) / sum(tokens))
+
+
+def test_saved_moments_are_loaded_under_the_specs_learning_rate_and_decay(policy, tmp_path):
+    """AdamW's load_state_dict would bring back the saved lr and weight decay: a run whose spec changed them
+    (another schedule, a resume with new settings) trains with the spec's, and the moments still load."""
+    from infra.trainer import TorchSteps
+
+    spec = TrainSpec(lr=1e-2, weight_decay=0.1, epochs=1, minibatch_size=4, max_grad_norm=1.0, seed=0)
+    _, saved = train_agent(policy, "a", train_items(4), partial(ppo_clip_loss, clip_eps=0.2), spec)
+    torch.save(saved, tmp_path / "optimizer.pt")
+    steps = TorchSteps(policy, "a", replace(spec, lr=1e-3, weight_decay=0.0, optimizer_state=tmp_path / "optimizer.pt"))
+    try:
+        assert [(g["lr"], g["weight_decay"]) for g in steps.opt.param_groups] == [(1e-3, 0.0)]
+        for i, s in saved["state"].items():
+            assert torch.equal(steps.opt.state[steps.params[i]]["exp_avg"], s["exp_avg"])
+    finally:
+        steps.close()
