@@ -8,7 +8,8 @@ Variants: `shared` (the preset: one model plays System 2 and System 1, as in the
 adapter per system, `pipeline.shared_model=false`), `no-system1` (System 2 reads the raw search output
 truncated to its budget, `pipeline.system1=false`), `g8` (the preset's 32 training episodes an iteration as 4
 questions x 8 samples instead of 8 x 4), `short-docs` (documents of at most 200 tokens instead of 600), and
-`short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents).
+`short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents), and `short-docs-names`
+(training questions that ask for a name only).
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
 `--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
 progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
@@ -67,6 +68,9 @@ VARIANTS = {
     # the paper's two comparisons on short documents, where a run takes about half an hour
     "short-docs-no-system1": ["pipeline.max_tokens=200", "pipeline.system1=false"],
     "short-docs-separate": ["pipeline.max_tokens=200", "pipeline.shared_model=false"],
+    # a curriculum: train on the questions that ask for a name only, so answering a year never earns a
+    # reward (the held-out questions keep both kinds)
+    "short-docs-names": ["pipeline.max_tokens=200", "pipeline.train_answers=[name]"],
 }
 YEAR = re.compile(r"\d{4}")
 

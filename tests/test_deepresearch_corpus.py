@@ -155,3 +155,43 @@ def test_bm25_edge_cases():
     assert [d.doc_id for d in index.search("Where is Osk?", 10)] == ["a", "b", "c"]  # ties in corpus order
     assert [d.doc_id for d in index.search("osk north", 1)] == ["a"]
     assert SearchIndex([]).search("osk", 3) == []
+
+
+def test_training_questions_can_be_restricted_to_an_answer_kind():
+    """`train_answers`: a curriculum over the training split only; the held-out questions stay as they are."""
+    from pipelines.deepresearch import DeepResearch
+    from pipelines.deepresearch.config import DeepResearchConfig
+    from pipelines.deepresearch.corpus import answer_kind
+
+    small = {"questions": 60, "eval_size": 20, "distractors": 10, "hops": [1]}
+    both = DeepResearch(DeepResearchConfig(**small), 0)
+    names = DeepResearch(DeepResearchConfig(**small, train_answers=["name"]), 0)
+    assert [answer_kind(a) for a in ("1712", " 1600 ", "Mira Dask", "Velport", "17")] == [
+        "year",
+        "year",
+        "name",
+        "name",
+        "name",
+    ]
+    kinds = Counter(answer_kind(p.answer) for p in both.problems("train"))
+    assert kinds["year"] > 0 and kinds["name"] > 0
+    assert names.problems("train") == [p for p in both.problems("train") if answer_kind(p.answer) == "name"]
+    assert names.problems("eval") == both.problems("eval")
+
+
+def test_a_curriculum_with_no_training_question_is_refused(tmp_path):
+    import json
+
+    from pydantic import ValidationError
+
+    from pipelines.deepresearch import DeepResearch
+    from pipelines.deepresearch.config import DeepResearchConfig
+
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "q", "text": "Quill Works was founded by Mira Dask."}) + "\n")
+    qs = [{"question": f"Who founded Quill Works {i}?", "answer": "Mira Dask"} for i in range(3)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
+    files = {"docs_file": str(tmp_path / "d.jsonl"), "questions_file": str(tmp_path / "q.jsonl"), "eval_size": 1}
+    with pytest.raises(ValueError, match=r"no training question asks for a year \(pipeline.train_answers\)"):
+        DeepResearch(DeepResearchConfig(**files, train_answers=["year"]), 0).problems("train")
+    with pytest.raises(ValidationError, match="train_answers"):
+        DeepResearchConfig(train_answers=["city"])

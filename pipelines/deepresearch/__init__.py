@@ -98,6 +98,9 @@ class DeepResearch(PipelineBase):
         if len(probs) <= c.eval_size:
             raise ValueError(f"{len(probs)} questions, need more than eval_size={c.eval_size}")
         train, held_out = corpus.split(probs, c.eval_size)
+        train = [p for p in train if corpus.answer_kind(p.answer) in c.train_answers]
+        if not train:
+            raise ValueError(f"no training question asks for a {' or '.join(c.train_answers)} (pipeline.train_answers)")
         return docs, train, held_out
 
     @cached_property

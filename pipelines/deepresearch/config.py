@@ -23,6 +23,12 @@ class DeepResearchConfig(BaseModel):
     questions: int = Field(300, ge=2, description="generated questions (train + held-out)")
     eval_size: int = Field(50, ge=1, description="held-out questions (the last ones of the question set)")
     distractors: int = Field(200, ge=0, description="generated documents that no question needs")
+    train_answers: list[Literal["name", "year"]] = Field(
+        default_factory=lambda: ["name", "year"],
+        min_length=1,
+        description="what the training questions ask for (a year: four digits; a name: any other answer); "
+        "the held-out questions keep every kind. [name] is a curriculum: no reward for answering a year",
+    )
     hops: list[int] = Field(
         default_factory=lambda: [1, 2, 3, 4],
         min_length=1,

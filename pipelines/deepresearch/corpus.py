@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,6 +238,11 @@ def generate(
         ResearchProblem(task_id=_task_id(q), question=q, answer=a, hops=h, support=tuple(ids[n] for n in names))
         for q, (a, h, names) in questions.items()
     ]
+
+
+def answer_kind(answer: str) -> str:
+    """ "year" for an answer of four digits (every generated year), else "name"."""
+    return "year" if re.fullmatch(r"\d{4}", answer.strip()) else "name"
 
 
 def split(problems: list[ResearchProblem], eval_size: int) -> tuple[list[ResearchProblem], list[ResearchProblem]]:
