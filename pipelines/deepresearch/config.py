@@ -7,11 +7,13 @@ holds only how episodes are played.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.sandbox import SandboxConfig
+
+AnswerKind = Literal["name", "year"]  # what a question asks for (corpus.answer_kind)
 
 
 class DeepResearchConfig(BaseModel):
@@ -23,8 +25,8 @@ class DeepResearchConfig(BaseModel):
     questions: int = Field(300, ge=2, description="generated questions (train + held-out)")
     eval_size: int = Field(50, ge=1, description="held-out questions (the last ones of the question set)")
     distractors: int = Field(200, ge=0, description="generated documents that no question needs")
-    train_answers: list[Literal["name", "year"]] = Field(
-        default_factory=lambda: ["name", "year"],
+    train_answers: list[AnswerKind] = Field(
+        default_factory=lambda: list(get_args(AnswerKind)),
         min_length=1,
         description="what the training questions ask for (a year: four digits; a name: any other answer); "
         "the held-out questions keep every kind. [name] is a curriculum: no reward for answering a year",
