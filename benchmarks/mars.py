@@ -9,7 +9,7 @@ adapter per system, `pipeline.shared_model=false`), `no-system1` (System 2 reads
 truncated to its budget, `pipeline.system1=false`), `g8` (the preset's 32 training episodes an iteration as 4
 questions x 8 samples instead of 8 x 4), `short-docs` (documents of at most 200 tokens instead of 600), and
 `short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents), and `short-docs-names`
-(training questions that ask for a name only).
+(training questions that ask for a name only) and `short-docs-names-em` (the same, rewarded by exact match).
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
 `--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
 progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
@@ -71,6 +71,9 @@ VARIANTS = {
     # a curriculum: train on the questions that ask for a name only, so answering a year never earns a
     # reward (the held-out questions keep both kinds)
     "short-docs-names": ["pipeline.max_tokens=200", "pipeline.train_answers=[name]"],
+    # the same with exact match as the reward: F1's partial credit for a sentence that holds the answer's name
+    # taught short-docs-names to reply with whole sentences
+    "short-docs-names-em": ["pipeline.max_tokens=200", "pipeline.train_answers=[name]", "pipeline.reward=em"],
 }
 YEAR = re.compile(r"\d{4}")
 
