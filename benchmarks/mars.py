@@ -75,6 +75,8 @@ VARIANTS = {
     # taught short-docs-names to reply with whole sentences
     "short-docs-names-em": ["pipeline.max_tokens=200", "pipeline.train_answers=[name]", "pipeline.reward=em"],
 }
+# the paper's comparisons, each (with, without) on the same seeds' held-out questions
+CONTRASTS = [("short-docs", "short-docs-no-system1"), ("short-docs", "short-docs-separate")]
 YEAR = re.compile(r"\d{4}")
 
 
@@ -278,8 +280,38 @@ def report() -> str:
             cells.append("-" if np.isnan(a + b).any() else f"{mean_sd(a)} -> {mean_sd(b)}")
         cells.append(mean_sd([float(t["update_s"].mean()) for t in tr], 0))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    lines += contrasts(qs)
     lines += funnel(qs)
     return "\n".join(lines) + "\n"
+
+
+def contrasts(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
+    """Table lines: for each of CONTRASTS run on common seeds, the held-out exact match of one variant minus
+    the other's, question by question, at the first and the last evaluation (mean over seeds, 95% bootstrap
+    interval over seeds and questions)."""
+    lines = [
+        "",
+        "The paper's comparisons: held-out exact match of the first variant minus the second's, paired by "
+        "question on the seeds both ran.",
+        "",
+        "| comparison | seeds | untrained | after training |",
+        "|---|---|---|---|",
+    ]
+    for a, b in CONTRASTS:
+        seeds = sorted(set(qs.get(a, {})) & set(qs.get(b, {})))
+        if not seeds:
+            continue
+        cells = []
+        for end in (0, -1):
+            diffs = []
+            for s in seeds:
+                qa, qb = qs[a][s], qs[b][s]
+                it = sorted(set(qa["iteration"]) & set(qb["iteration"]))[end]
+                diffs.append(paired(*(q[q["iteration"] == it].set_index("task_id")["em"] for q in (qa, qb))))
+            mean, lo, hi = seed_bootstrap(diffs)
+            cells.append(f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        lines.append(f"| {a} − {b} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def funnel(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:

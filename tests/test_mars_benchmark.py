@@ -127,6 +127,19 @@ def test_report_over_two_seeds(tmp_path, monkeypatch):
     assert funnel.endswith("| 0.75 (one seed) -> 0.25 (one seed) |")
 
 
+def test_contrasts_pair_two_variants_question_by_question(monkeypatch):
+    monkeypatch.setattr(mars, "CONTRASTS", [("shared", "other"), ("shared", "never-run")])
+    qs = {
+        "shared": {0: _questions([1, 0, 0, 0], [1, 1, 1, 0]), 1: _questions([1, 1, 0, 0], [1, 0, 1, 0])},
+        "other": {0: _questions([0, 0, 0, 0], [1, 0, 0, 0]), 2: _questions([0, 0, 0, 0], [0, 0, 0, 0])},
+    }
+    lines = mars.contrasts(qs)
+    # only seed 0 is common: untrained 1 of 4 against 0 of 4, trained 3 of 4 against 1 of 4
+    assert [ln for ln in lines if ln.startswith("| shared")] == [
+        "| shared − other | 0 | +0.25 [+0.00, +0.75] | +0.50 [+0.00, +1.00] |"
+    ]
+
+
 @pytest.mark.slow
 def test_runner_trains_records_and_skips_a_finished_run(tmp_path, monkeypatch, capsys):
     """`benchmarks/mars.py` on deepresearch-tiny: the run's CSVs and summary row are written; with them it is
