@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import run_all
@@ -325,3 +327,21 @@ def test_decode_check_times_each_way_on_the_cpu(tmp_path):
     subprocess.run([sys.executable, "benchmarks/decode_check.py", "smoke"], env=env, check=True, capture_output=True)
     res = json.loads((tmp_path / "decode_check.json").read_text())
     assert len(res["ms_per_decode_step"]) == 4 and all(v > 0 for v in res["ms_per_decode_step"].values())
+
+
+@pytest.mark.slow
+def test_update_direction_rescores_the_actions_as_they_were_sampled(trained_run):
+    from benchmarks import update_direction
+    from infra import store
+
+    _, run_dir = trained_run
+    rows = update_direction.scored_actions(Path(run_dir), 1)
+    adv = store.read_table(run_dir, "advantages")
+    signal = sum(1 for a, it in zip(adv["advantages"], adv["iteration"]) if it == 1 and np.mean(a) != 0)
+    assert len(rows) == signal > 0
+    out = update_direction.direction(Path(run_dir), 1)
+    assert set(out["role"]) == set(rows["agent"])
+    assert (out["n_pos"] + out["n_neg"]).sum() == len(rows)
+    assert (out["max_gap"] < 1e-4).all()  # before the update, the logged log-probs are recomputed
+    assert (out["change_pos"].fillna(0) != 0).any() or (out["change_neg"].fillna(0) != 0).any()  # it moved
+    assert update_direction.SECTION in update_direction.table(Path(run_dir), [out])
