@@ -51,6 +51,7 @@ from benchmarks.seeds import (  # noqa: E402
     wall_minutes,
 )
 from benchmarks.strategies_report import mean_sd  # noqa: E402
+from pipelines.deepresearch.corpus import answer_kind  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "mars"
 README = ROOT / "benchmarks" / "README.md"
@@ -77,7 +78,6 @@ VARIANTS = {
 }
 # the paper's comparisons, each (with, without) on the same seeds' held-out questions
 CONTRASTS = [("short-docs", "short-docs-no-system1"), ("short-docs", "short-docs-separate")]
-YEAR = re.compile(r"\d{4}")
 
 
 def episodes(run_dir: Path) -> pd.DataFrame:
@@ -85,7 +85,7 @@ def episodes(run_dir: Path) -> pd.DataFrame:
     from tasks import context
 
     eps = episode_table(run_dir)
-    eps["kind"] = np.where(eps["answer"].map(lambda a: bool(YEAR.fullmatch(str(a)))), "year", "name")
+    eps["kind"] = [answer_kind(str(a)) for a in eps["answer"]]
     hops = {p.task_id: p.hops for split in ("train", "eval") for p in context.of(run_dir).problems(split)}
     eps["hops"] = eps["task_id"].map(hops)
     return eps
@@ -190,7 +190,7 @@ def questions(run_dir: Path) -> pd.DataFrame:
     eps = episodes(run_dir)
     ev = eps[(eps["phase"] == "eval") & (eps["greedy"] == 1.0)]
     ev = ev.join(reading(run_dir), on=["iteration", "phase", "episode_id"])
-    ev["year_reply"] = [float(bool(YEAR.fullmatch(str(a or "").strip()))) for a in ev["final_answer"]]
+    ev["year_reply"] = [float(answer_kind(str(a or "")) == "year") for a in ev["final_answer"]]
     cols = ["iteration", "task_id", "kind", "hops", "em", "f1", "retrieved", "found", "year_reply"]
     return ev[cols].sort_values(["iteration", "task_id"])
 
