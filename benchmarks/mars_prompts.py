@@ -30,7 +30,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_section  # noqa: E402
-from benchmarks.mars import OUT, README, YEAR, contains  # noqa: E402
+from benchmarks.mars import OUT, README, contains  # noqa: E402
+from pipelines.deepresearch import corpus  # noqa: E402
 from pipelines.deepresearch import prompts as p  # noqa: E402
 
 SECTION = "## MARS prompts replayed (`benchmarks/mars_prompts.py`)"
@@ -139,7 +140,7 @@ def prompts(run_dir: Path) -> pd.DataFrame:
     s2 = acts[acts["system"] == 2].groupby("episode_id")["prompt_text"].last()
     s1 = acts[acts["system"] == 1].groupby("episode_id")["prompt_text"].first()
     out = pd.DataFrame({"question": eps["question"], "answer": eps["answer"].astype(str)})
-    out["kind"] = ["year" if YEAR.fullmatch(a) else "name" for a in out["answer"]]
+    out["kind"] = [corpus.answer_kind(a) for a in out["answer"]]
     return out.join(s2.rename("s2_prompt")).join(s1.rename("s1_prompt"))
 
 
@@ -160,7 +161,7 @@ def replay(table: pd.DataFrame, generate: Callable[[str], str]) -> pd.DataFrame:
                 row = {"system": system, "edit": name, "kind": e.kind, "right": float(ok)}
                 if system == 2:
                     read = prompt.rsplit(f"Question: {e.question}", 1)[-1]
-                    row |= {"year_reply": float(bool(YEAR.fullmatch(reply.strip()))), "found": contains(read, e.answer)}
+                    row |= {"year_reply": float(corpus.answer_kind(reply) == "year"), "found": contains(read, e.answer)}
                 rows.append(row)
     df = pd.DataFrame(rows)
     by = df.groupby(["system", "edit", "kind"], sort=False)
