@@ -31,7 +31,6 @@ answer kind.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from benchmarks.seeds import (  # noqa: E402
 )
 from benchmarks.strategies_report import mean_sd  # noqa: E402
 from pipelines.deepresearch.corpus import answer_kind  # noqa: E402
+from pipelines.deepresearch.scoring import contains  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "mars"
 README = ROOT / "benchmarks" / "README.md"
@@ -75,9 +75,17 @@ VARIANTS = {
     # the same with exact match as the reward: F1's partial credit for a sentence that holds the answer's name
     # taught short-docs-names to reply with whole sentences
     "short-docs-names-em": ["pipeline.max_tokens=200", "pipeline.train_answers=[name]", "pipeline.reward=em"],
+    # a deviation from the paper: System 1's extractions credited by the rubric coach (did they pass on the
+    # answer the bin held?) instead of the trajectory's reward, since System 1 dropping the answer is where
+    # short-docs loses most name questions
+    "short-docs-s1-coach": ["pipeline.max_tokens=200", "algorithm.system1_credit=coach", "coach.backend=rubric"],
 }
-# the paper's comparisons, each (with, without) on the same seeds' held-out questions
-CONTRASTS = [("short-docs", "short-docs-no-system1"), ("short-docs", "short-docs-separate")]
+# the paper's comparisons, each (with, without) on the same seeds' held-out questions, and ours
+CONTRASTS = [
+    ("short-docs", "short-docs-no-system1"),
+    ("short-docs", "short-docs-separate"),
+    ("short-docs-s1-coach", "short-docs"),
+]
 
 
 def episodes(run_dir: Path) -> pd.DataFrame:
@@ -109,11 +117,6 @@ def searches(run_dir: Path) -> pd.DataFrame:
         },
         index=range(len(a)),
     )
-
-
-def contains(text: str, answer: str) -> bool:
-    """`answer` occurs in `text` as whole words, any case."""
-    return bool(answer.strip()) and re.search(rf"(?<!\w){re.escape(answer.strip())}(?!\w)", text, re.I) is not None
 
 
 def answer_flags(answer: str, tool_names: list, tool_outputs: list, last_prompt: str) -> dict[str, int]:

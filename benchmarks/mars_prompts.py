@@ -30,9 +30,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_section  # noqa: E402
-from benchmarks.mars import OUT, README, contains  # noqa: E402
+from benchmarks.mars import OUT, README  # noqa: E402
 from pipelines.deepresearch import corpus  # noqa: E402
 from pipelines.deepresearch import prompts as p  # noqa: E402
+from pipelines.deepresearch.scoring import contains  # noqa: E402
 
 SECTION = "## MARS prompts replayed (`benchmarks/mars_prompts.py`)"
 FINAL_NOTE = p.FINAL_NOTE.strip()

@@ -23,6 +23,13 @@ class AlgorithmConfig(BaseModel):
         description="MARS balanced sampling: System-1 samples are down- / up-sampled to System 2's "
         "count, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps each once",
     )
+    system1_credit: Literal["trajectory", "coach"] = Field(
+        "trajectory",
+        description="with a trajectory estimator, what a System-1 sample's advantage is: `trajectory` (the "
+        "paper's MARS) its trajectory's; `coach` GRPO over its own coach score within its question's "
+        "group (per-action credit for the extraction, a deviation from the paper; needs coach.backend "
+        "rubric or llm)",
+    )
     strategy: Literal["joint", "stale", "teamtr"] = Field(
         "joint",
         description="how agents are updated within an iteration: `joint` = every agent from the one rollout "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from infra import store
@@ -57,6 +59,8 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         )
         advs = estimate(cfg.estimator, samples, **kwargs)
         raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # in reward units: raw_advantages
+        if trajectory and cfg.system1_credit == "coach":
+            system1_coach_credit(recs, samples, advs, raws, cfg.whiten_eps)
         for r, smp, a, raw in zip(recs, samples, advs, raws):
             n = len(r["response_ids"])
             rows.append(
@@ -75,6 +79,21 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     rng = np.random.default_rng(context.of(run_dir).seed_for("balance", iteration, phase))
     balance_system1(rows, cfg.balance, rng)
     return [{k: v for k, v in r.items() if k != "system"} for r in rows]
+
+
+def system1_coach_credit(recs: list[dict], samples: list[Sample], advs: list, raws: list, eps: float) -> None:
+    """Replace System-1 samples' trajectory advantages, in place, by GRPO over their own coach scores
+    (s = coach / 10) within their question's group; an unscored extraction gets none."""
+    idx = [i for i, r in enumerate(recs) if int(r["system"]) == 1]
+    own = [replace(samples[i], score=_coach_score(recs[i]["score"])) for i in idx]
+    scaled, raw = estimate("grpo", own, eps=eps), estimate("grpo", own, eps=eps, scale=False)
+    for k, i in enumerate(idx):
+        samples[i], advs[i], raws[i] = own[k], scaled[k], raw[k]
+
+
+def _coach_score(score) -> float | None:
+    """A coach score 0..10 as a reward in [0, 1]; None where the coach gave none."""
+    return None if score is None or not np.isfinite(score) else float(score) / 10.0
 
 
 def balance_system1(rows: list[dict], mode: str, rng: np.random.Generator) -> None:

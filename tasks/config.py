@@ -16,6 +16,7 @@ from infra.models import ModelConfig
 from infra.policy import CheckpointConfig
 from pipelines import PIPELINES, MathChatConfig, PipelineConfig
 from pipelines.base import no_blind_rubric
+from tasks.advantages import TRAJECTORY_ESTIMATORS
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach import CoachConfig
 
@@ -144,6 +145,14 @@ class RunConfig(BaseModel):
         c = self.coach
         if c.backend == "rubric" and not c.ground_truth and not PIPELINES[self.pipeline.name].answer_blind_rubric:
             raise ValueError(no_blind_rubric(self.pipeline.name))
+        a = self.algorithm
+        if a.system1_credit == "coach" and (c.backend == "outcome" or a.estimator not in TRAJECTORY_ESTIMATORS):
+            raise ValueError(
+                "algorithm.system1_credit=coach gives System 1 its coach scores under a trajectory estimator: it "
+                f"needs coach.backend rubric or llm (got {c.backend}) and a trajectory estimator "
+                f"({', '.join(sorted(TRAJECTORY_ESTIMATORS))}; got {a.estimator}, which credits every action "
+                "by its coach score already)"
+            )
         return self
 
 

@@ -166,29 +166,120 @@ def test_rubric_blames_the_system_that_failed():
     from pipelines.base import Episode, Problem
     from pipelines.deepresearch.scoring import rubric_scores
 
-    def act(agent, tool_name, out=None, text=""):
-        return {"agent": agent, "tool_name": tool_name, "tool_output": out, "response_text": text}
+    def act(agent, tool_name, out=None, text="", purpose=None):
+        return {
+            "agent": agent,
+            "tool_name": tool_name,
+            "tool_output": out,
+            "response_text": text,
+            "tool_input": purpose,
+        }
 
+    doc = "# Marlo Works\nMarlo Works was founded by Ada Vell."
+    purpose = "who founded Marlo Works"
     ep = Episode(
         Problem("t", "Who founded Marlo Works?", "Ada Vell"),
         "e",
         "g",
         actions=[
-            act("system2", "search", out="# Marlo Works\nMarlo Works was founded by Ada Vell."),
-            act(
-                "system1",
-                "extract",
-                out="# Marlo Works\nMarlo Works was founded by Ada Vell.",
-                text="Founded by Ada Vell.",
-            ),
-            act("system1", "extract", out="# Marlo Works\nMarlo Works was founded by Ada Vell.", text="A bridge."),
-            act("system1", "extract", out="# Other\nNothing here.", text="NONE"),
+            act("system2", "search", out=doc),
+            act("system1", "extract", out=doc, text="Founded by Ada Vell.", purpose=purpose),
+            act("system1", "extract", out=doc, text="A bridge.", purpose=purpose),
+            act("system1", "extract", out="# Other\nNothing here.", text="NONE", purpose=purpose),
+            # naming the entity the purpose already names passes nothing on; the answer must be whole words
+            act("system1", "extract", out=doc, text="Marlo Works was founded.", purpose=purpose),
+            act("system1", "extract", out=doc, text="Ada Vellum founded it.", purpose=purpose),
             act("system2", "answer"),
             act("system2", None),
         ],
         final_answer="Ada",
     )
     scores = [s for s, _ in rubric_scores(ep, ["Marlo Works"])]
-    assert scores == [10.0, 10.0, 0.0, 5.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
+    assert scores == [10.0, 10.0, 0.0, 5.0, 0.0, 0.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
     missed = Episode(ep.problem, "e", "g", actions=[act("system2", "search", out="# Other\nNothing.")])
     assert rubric_scores(missed, ["Marlo Works"])[0][0] == 2.0
+    # two hops: from the first document, the next hop's entity (a support title the purpose does not
+    # name) is what must be passed on
+    hop = Episode(
+        Problem("u", "Where was the founder of Marlo Works born?", "Kesh"),
+        "e",
+        "g",
+        actions=[
+            act("system1", "extract", out=doc, text="Ada Vell founded it.", purpose=purpose),
+            act("system1", "extract", out=doc, text="Marlo Works is old.", purpose=purpose),
+        ],
+    )
+    assert [s for s, _ in rubric_scores(hop, ["Marlo Works", "Ada Vell"])] == [10.0, 0.0]
+
+
+def test_system1_coach_credit_replaces_only_system1_advantages():
+    """`algorithm.system1_credit=coach`: System 2 keeps its trajectory advantage; each System-1 sample gets
+    GRPO over coach / 10 within its question's group (g: 10 and 0 -> +1 and -1; h: 10 and 10 -> 0 and 0);
+    an unscored extraction gets none."""
+    from tasks.compute_advantages import system1_coach_credit
+
+    def s(ep, group, agent, r):
+        return Sample(ep, group, agent, 0, np.zeros(2), None, r)
+
+    recs = [
+        {"system": 2, "score": 3.0},
+        {"system": 1, "score": 10.0},
+        {"system": 2, "score": 7.0},
+        {"system": 1, "score": 0.0},
+        {"system": 1, "score": 10.0},
+        {"system": 1, "score": 10.0},
+        {"system": 1, "score": None},
+    ]
+    samples = [
+        s("a", "g", "system2", 1.0),
+        s("a", "g", "system1", 1.0),
+        s("b", "g", "system2", 0.0),
+        s("b", "g", "system1", 0.0),
+        s("c", "h", "system1", 1.0),
+        s("d", "h", "system1", 0.0),
+        s("d", "h", "system1", 0.0),
+    ]
+    advs = estimate("grpo_trajectory", samples, eps=0.0)
+    raws = estimate("grpo_trajectory", samples, eps=0.0, scale=False)
+    system1_coach_credit(recs, samples, advs, raws, eps=1e-9)
+    assert advs[-1] is None and raws[-1] is None
+    assert [a[0] for a in advs[:-1]] == pytest.approx([1.0, 1.0, -1.0, -1.0, 0.0, 0.0])
+    assert [a[0] for a in raws[:-1]] == pytest.approx([0.5, 0.5, -0.5, -0.5, 0.0, 0.0])
+    assert [x.score for x in samples] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None]
+
+
+def test_system1_coach_credit_needs_a_coach_and_a_trajectory_estimator():
+    from flows.config import load_config
+    from tasks.config import ConfigError
+
+    load_config("deepresearch-tiny", ["algorithm.system1_credit=coach", "coach.backend=rubric"])
+    with pytest.raises(ConfigError, match="coach.backend rubric or llm"):
+        load_config("deepresearch-tiny", ["algorithm.system1_credit=coach"])
+    with pytest.raises(ConfigError, match="got grpo,"):
+        load_config(
+            "deepresearch-tiny", ["algorithm.system1_credit=coach", "coach.backend=rubric", "algorithm.estimator=grpo"]
+        )
+
+
+@pytest.mark.slow
+def test_system1_coach_credit_flow(prefect_harness, tmp_path):
+    """One real iteration with the rubric coach crediting System 1's extractions: System-1 rewards are
+    their coach scores / 10, System 2's the trajectory's outcome, and the update trains on both."""
+    from conftest import MARS
+
+    from flows.config import load_config
+    from flows.train import train
+    from infra import store
+
+    over = ["algorithm.system1_credit=coach", "coach.backend=rubric"]
+    cfg = load_config("deepresearch-tiny", [f"run.dir={tmp_path}", "run.id=s1coach", *MARS, *over])
+    run_dir = train(config=cfg)
+    adv = store.read_table(run_dir, "advantages", 1, "rollout")
+    coach = store.read_table(run_dir, "coach", 1, "rollout")
+    eps = store.read_table(run_dir, "episodes", 1, "rollout").set_index("episode_id")
+    both = adv.merge(coach, on=["episode_id", "agent", "turn"])
+    s1, s2 = both[both["agent"] == "system1"], both[both["agent"] == "system2"]
+    assert len(s1) and len(s2)
+    assert np.allclose(s1["reward"], s1["score"] / 10)
+    assert np.allclose(s2["reward"], eps.loc[s2["episode_id"], "outcome"])
+    assert store.read_table(run_dir, "updates")["tokens"].gt(0).all()

@@ -32,13 +32,18 @@ def f1(pred: str, gold: str) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
+def contains(text: str, phrase: str) -> bool:
+    """`phrase` occurs in `text` as whole words, any case."""
+    return bool(phrase.strip()) and re.search(rf"(?<!\w){re.escape(phrase.strip())}(?!\w)", text, re.I) is not None
+
+
 def rubric_scores(ep: Episode, support_titles: list[str]) -> list[tuple[float, str]]:
     """A score 0..10 per action. System 2's answer: 10 x F1. Its tool call: 10 when a support document
-    came back, 2 when none did, 0 for a turn that was neither a tool call nor an answer. System 1: 10
-    when its bin held support text and the extraction names the answer or a support title; 0 when it
-    held support text and dropped it; 5 for a bin with nothing relevant (nothing to find)."""
+    came back, 2 when none did, 0 for a turn that was neither a tool call nor an answer. System 1 (what
+    it must pass on is the answer, and the support titles its purpose does not already name: the next
+    hop's entity): 10 when its bin held one of them and the extraction names one; 0 when the bin held one
+    and the extraction names none; 5 for a bin without any (nothing to find)."""
     titles = [normalize(t) for t in support_titles]
-    answer = normalize(ep.problem.answer)
     out = []
     for a in ep.actions:
         if a["agent"] == "system2":
@@ -51,12 +56,11 @@ def rubric_scores(ep: Episode, support_titles: list[str]) -> list[tuple[float, s
             else:
                 out.append((0.0, "neither a tool call nor an answer"))
         else:
-            held = normalize(a["tool_output"] or "")
-            said = normalize(a["response_text"])
-            relevant = any(t in held for t in titles) or answer in held
-            if not relevant:
+            purpose = a["tool_input"] or ""
+            needed = [ep.problem.answer] + [t for t in support_titles if not contains(purpose, t)]
+            if not any(contains(a["tool_output"] or "", n) for n in needed):
                 out.append((5.0, "bin without support text"))
-            elif answer in said or any(t in said for t in titles):
+            elif any(contains(a["response_text"] or "", n) for n in needed):
                 out.append((10.0, "kept the support facts"))
             else:
                 out.append((0.0, "dropped the support facts in its bin"))
