@@ -165,6 +165,8 @@ def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, scale: bool = True
 
 # estimators whose samples are whole trajectories' (score = the episode's reward), across all agents
 TRAJECTORY_ESTIMATORS = {"grpo_trajectory"}
+# estimators with no KL term: with them algorithm.kl_coef > 0 would only cost a reference pass
+WITHOUT_KL = {"grpo", "grpo_trajectory", "rloo"}
 
 
 @register("rloo")

@@ -55,7 +55,12 @@ class AlgorithmConfig(BaseModel):
         description="teamtr: questions per resample (None: "
         "rollout.questions); fewer questions cost fewer extra rollouts",
     )
-    kl_coef: float = Field(0.01, ge=0, description="beta: weight of the per-token KL penalty in the reward")
+    kl_coef: float = Field(
+        0.01,
+        ge=0,
+        description="beta: weight of the per-token KL penalty in the reward (reinforce_pp; the group estimators "
+        "grpo, rloo and grpo_trajectory have no KL term and need 0)",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
     return_scope: Literal["action", "agent"] = Field(
         "action",
@@ -118,6 +123,17 @@ class AlgorithmConfig(BaseModel):
                 "(resampling only); set algorithm.kl_delta (e.g. 0.05) for TeamTR",
                 UserWarning,
                 stacklevel=2,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _kl_coef_needs_a_kl_term(self):
+        from tasks.advantages import WITHOUT_KL
+
+        if self.kl_coef > 0 and self.estimator in WITHOUT_KL:
+            raise ValueError(
+                f"algorithm.kl_coef={self.kl_coef:g} does nothing with estimator {self.estimator}, which has no KL "
+                "term (reinforce_pp puts it in the reward): set algorithm.kl_coef=0"
             )
         return self
 

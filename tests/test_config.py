@@ -67,6 +67,13 @@ def test_unknown_estimator_lists_the_choices():
     assert all(name in str(e.value) for name in ("reinforce_pp", "grpo", "rloo"))
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_kl_coef_is_refused_where_the_estimator_has_no_kl_term(estimator):
+    with pytest.raises(ConfigError, match=f"kl_coef=0.01 does nothing with estimator {estimator}"):
+        load_config("tiny", [f"algorithm.estimator={estimator}"])
+    assert load_config("tiny", [f"algorithm.estimator={estimator}", "algorithm.kl_coef=0"]).algorithm.kl_coef == 0
+
+
 def test_unknown_preset_lists_presets():
     with pytest.raises(ConfigError) as e:
         load_config("no-such-preset")
