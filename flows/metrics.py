@@ -88,17 +88,32 @@ def group_success(eps: pd.DataFrame) -> dict[str, float]:
     return {f"success/{g}": float(r) for g, r in rates.items()}
 
 
+UPDATE_COLUMNS = (
+    "loss",
+    "kl",
+    "surrogate_gain",
+    "penalty",
+    "certificate",
+    "tokens",
+    "seconds",
+    "over_length",
+    "grad_norm",
+    "clip_frac",
+    "kl_ref",
+)
+
+
 def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
     """Per agent: loss, KL, surrogate gain, penalty, certificate, tokens, seconds, samples left out for their
-    length (`over_length`), skipped, version; per stage (`stage/*`): the sums of KL, gain, penalty and
-    certificate over the agents' updates (the stage certificate, Theorem 3.6) and `stage/certified`, the
-    number of updates whose certificate is positive."""
+    length (`over_length`), gradient norm, clip fraction, KL to the reference (`kl_ref`), skipped, version;
+    per stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates (the stage
+    certificate, Theorem 3.6) and `stage/certified`, the number of updates whose certificate is positive."""
     up = store.read_table(run_dir, "updates", iteration)
     up = up[up["strategy"] != "stage0"]  # Stage-0 alignments (flows/align.py) log their own metrics
     m: dict[str, float] = {}
     for r in up.to_dict("records"):
         a = r["agent"]
-        for k in ("loss", "kl", "surrogate_gain", "penalty", "certificate", "tokens", "seconds", "over_length"):
+        for k in UPDATE_COLUMNS:
             if r[k] is not None and not pd.isna(r[k]):
                 m[f"{k}/{a}"] = float(r[k])
         m[f"skipped/{a}"] = float(bool(r["skipped"]))

@@ -108,6 +108,11 @@ COLUMNS: dict[str, dict[str, str]] = {
         "reason": "why it was skipped, the step fraction kept by backtracking (`step x0.5`), or the Stage-0 summary",
         "over_length": "samples left out of the update for being longer than `algorithm.max_sample_tokens` "
         "(null for a Stage-0 alignment and in files written before the column)",
+        "grad_norm": "the gradient norm before clipping, mean over the update's optimizer steps (null where the "
+        "trainer reports none, for a Stage-0 alignment and in files written before the column)",
+        "clip_frac": "the share of trained tokens whose ratio left [1 - clip_eps, 1 + clip_eps], mean over the steps",
+        "kl_ref": "with `algorithm.kl_loss_coef` > 0: the loss's KL term to the reference (k3 token mean), mean "
+        "over the steps; else null",
     },
     "align": {
         "init": "the new agent: `fresh` (a fresh LoRA adapter or a fresh copy of the base)",

@@ -116,6 +116,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("skipped", pa.bool_()),
             pa.field("reason", pa.string()),
             pa.field("over_length", pa.int32()),
+            pa.field("grad_norm", pa.float64()),
+            pa.field("clip_frac", pa.float64()),
+            pa.field("kl_ref", pa.float64()),
         ]
     ),
     # one row per Stage-0 alignment (flows/align.py), phase `align` at the iteration whose rollouts probed

@@ -30,6 +30,7 @@ class TrainItem:
     old_logprobs: list[float]
     advantages: list[float]
     mask: list[int]
+    ref_logprobs: list[float] | None = None  # the reference policy's, for a loss with a KL term to it
 
 
 @dataclass
@@ -56,6 +57,16 @@ def micro_tensors(micro: list[TrainItem], n: int, device) -> tuple[torch.Tensor,
         _pad([it.advantages for it in micro], n, torch.float32).to(device),
         _pad([it.mask for it in micro], n, torch.float32).to(device),
     )
+
+
+def ref_tensor(micro: list[TrainItem], n: int, device) -> torch.Tensor | None:
+    """The micro-batch's reference log-probs padded to [B, n] on `device`; None when no item has them."""
+    refs = [it.ref_logprobs for it in micro if it.ref_logprobs is not None]
+    if not refs:
+        return None
+    if len(refs) < len(micro):
+        raise ValueError("a micro-batch mixes samples with and without reference log-probs")
+    return _pad(refs, n, torch.float32).to(device)
 
 
 def minibatches(items: list[TrainItem], epochs: int, minibatch_size: int, seed: int):
@@ -126,7 +137,8 @@ def accumulate(
         micro = mb[(m0 or 0) : (m0 or 0) + micro_batch_size]
         logp = forward(micro, m0 == starts[-1])
         old, adv, mask = micro_tensors(micro, logp.shape[1], logp.device)
-        loss, stats = loss_fn(logp, old, adv, mask)
+        ref = ref_tensor(micro, logp.shape[1], logp.device)
+        loss, stats = loss_fn(logp, old, adv, mask) if ref is None else loss_fn(logp, old, adv, mask, ref_logp=ref)
         if m0 is None:  # a lockstep pass: its collectives, no contribution
             backward(loss * 0.0)
             continue

@@ -61,6 +61,13 @@ class AlgorithmConfig(BaseModel):
         description="beta: weight of the per-token KL penalty in the reward (reinforce_pp; the group estimators "
         "grpo, rloo and grpo_trajectory have no KL term and need 0)",
     )
+    kl_loss_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta of a KL term in the loss instead of the reward (GRPO as in DeepSeekMath): + beta * "
+        "token-mean of exp(ref - logp) - (ref - logp) - 1, the k3 estimate of KL(pi || pi_ref) against the "
+        "reference (the base model: adapters off); runs the reference pass; 0: none",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
     return_scope: Literal["action", "agent"] = Field(
         "action",
@@ -132,8 +139,9 @@ class AlgorithmConfig(BaseModel):
 
         if self.kl_coef > 0 and self.estimator in WITHOUT_KL:
             raise ValueError(
-                f"algorithm.kl_coef={self.kl_coef:g} does nothing with estimator {self.estimator}, which has no KL "
-                "term (reinforce_pp puts it in the reward): set algorithm.kl_coef=0"
+                f"algorithm.kl_coef={self.kl_coef:g} does nothing with estimator {self.estimator}, which has no "
+                "KL term in the reward (reinforce_pp has one): set algorithm.kl_coef=0, and "
+                "algorithm.kl_loss_coef for a KL term in the loss"
             )
         return self
 

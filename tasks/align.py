@@ -304,5 +304,8 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
         "skipped": False,
         "reason": reason,
         "over_length": None,
+        "grad_norm": None,
+        "clip_frac": None,
+        "kl_ref": None,
     }
     return [row]

@@ -107,10 +107,10 @@ def collect_rollouts(
     run_id = ctx.run_id
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
     temperature = 1.0 if greedy else cfg.temperature
-    # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL penalty
+    # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL term
     refs: Sequence[list[float] | None] = [None] * len(actions)
     if split != "eval":
-        if ctx.config.algorithm.kl_coef > 0:
+        if ctx.config.algorithm.kl_coef > 0 or ctx.config.algorithm.kl_loss_coef > 0:
             with policy.reference() as ref:  # one pass for every agent: all share the frozen base
                 refs = score_logprobs(
                     ref,

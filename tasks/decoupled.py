@@ -19,15 +19,18 @@ class Turn:
     logprobs: list[float]
     advantages: list[float]
     loss_mask: list[int]
+    ref_logprobs: list[float] | None = None  # None where no reference pass ran
 
 
 def join_turns(turns: list[Turn]) -> Turn:
     """One sample: prompt = the first turn's prompt; response = r_1 o_1 r_2 o_2 ... r_T where o_t is
-    what turn t+1's prompt adds after r_t; mask (and advantages, log-probs) are 0 on every o_t."""
+    what turn t+1's prompt adds after r_t; mask (and advantages, log-probs, reference log-probs) are 0 on
+    every o_t."""
     if not turns:
         raise ValueError("no turns to join")
     head = list(turns[0].prompt_ids)
-    out = Turn(head, [], [], [], [])
+    refs: list[float] | None = None if any(t.ref_logprobs is None for t in turns) else []
+    out = Turn(head, [], [], [], [], refs)
     for k, t in enumerate(turns):
         seq = head + out.response_ids
         if list(t.prompt_ids[: len(seq)]) != seq:
@@ -40,4 +43,6 @@ def join_turns(turns: list[Turn]) -> Turn:
         out.logprobs += [0.0] * len(obs) + list(t.logprobs)
         out.advantages += [0.0] * len(obs) + list(t.advantages)
         out.loss_mask += [0] * len(obs) + list(t.loss_mask)
+        if out.ref_logprobs is not None:
+            out.ref_logprobs += [0.0] * len(obs) + list(t.ref_logprobs or [])
     return out

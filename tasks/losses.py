@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from infra.plugins import Registry
@@ -45,3 +47,25 @@ def ppo_clip_loss(
 
 
 ADVANTAGE_WEIGHTED.add("ppo_clip")
+
+
+def with_reference_kl(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    *,
+    base: Callable,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """L = base + beta * token_mean(exp(ref - logp) - (ref - logp) - 1): GRPO's KL to the reference in the
+    loss (DeepSeekMath's k3 estimate of KL(pi || pi_ref)), for estimators with no KL in the reward."""
+    if ref_logp is None:
+        raise ValueError(
+            "algorithm.kl_loss_coef > 0 needs the reference log-probs of every trained sample: these "
+            "rollouts were collected without the reference pass"
+        )
+    loss, stats = base(logp, old_logp, adv, mask)
+    kl = masked_mean(k3(ref_logp, logp), mask)
+    return loss + beta * kl, stats | {"kl_ref": kl.item()}

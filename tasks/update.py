@@ -32,7 +32,7 @@ from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, kl_penalty, token_rewards
 from tasks.certificate import Bound, Segment, bound, episode_terms, team_advantages
 from tasks.decoupled import Turn, join_turns
-from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES
+from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES, with_reference_kl
 from tasks.stage import stage
 from tasks.trust_region import kl_tok
 
@@ -40,25 +40,29 @@ NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an updat
 ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
 NOT_MEASURED = "an action longer than algorithm.max_sample_tokens, or none scored"
 # certificate.cluster_se: the spread between one question's episodes says nothing of the next question's
+# the trainer's statistics an `updates` row keeps: means over the update's optimizer steps
+TRAIN_STATS = ("grad_norm", "clip_frac", "kl_ref")
 ONE_GROUP = "the batch holds one question's group, and the estimation term needs two or more"
 
 
-def train_items(df) -> list[TrainItem]:
+def train_items(df, reference: bool = False) -> list[TrainItem]:
     """The update batch of one weights unit from its roles' action rows: MARS System 2's turns give one
     trajectory sample per episode (observations masked, tasks/decoupled.py), every other row (System 1, a
     single-system agent) its own sample `weight` times (the duplication count of balanced sampling). A
-    shared MARS model gets both parts in one batch, so one token-mean loss covers both systems."""
+    shared MARS model gets both parts in one batch, so one token-mean loss covers both systems. `reference`:
+    the items carry the rows' reference log-probs, for a loss with a KL term to the reference."""
     df = df[df["weight"].fillna(0) > 0]
     s2, rest = df[df["system"] == 2], df[df["system"] != 2]
     turns = [
         [
-            Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"])
+            Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"], _ref(r, reference))
             for r in g.sort_values("turn").to_dict("records")
         ]
         for _, g in s2.groupby("episode_id", sort=True)
     ]
     items = [
-        TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask) for t in map(join_turns, turns)
+        TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask, t.ref_logprobs)
+        for t in map(join_turns, turns)
     ]
     for r in rest.to_dict("records"):
         for _ in range(int(r["weight"])):
@@ -69,9 +73,16 @@ def train_items(df) -> list[TrainItem]:
                     list(r["logprobs"]),
                     list(r["advantages"]),
                     list(r["loss_mask"]),
+                    _ref(r, reference),
                 )
             )
     return items
+
+
+def _ref(row: dict, wanted: bool) -> list[float] | None:
+    """An action row's reference log-probs where `wanted` (None where the rollout ran no reference pass)."""
+    ref = row.get("ref_logprobs") if wanted else None
+    return None if ref is None else [float(x) for x in ref]
 
 
 def within_length(items: list[TrainItem], max_tokens: int | None) -> tuple[list[TrainItem], int]:
@@ -86,7 +97,7 @@ def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> tuple[list[
     """Weights unit `unit`'s update batch, and the number of its samples left out for their length."""
     ctx = context.of(run_dir)
     df = store.load_actions(run_dir, iteration, phase)
-    items = train_items(df[df["agent"].isin(ctx.roles_of(unit))])
+    items = train_items(df[df["agent"].isin(ctx.roles_of(unit))], ctx.config.algorithm.kl_loss_coef > 0)
     return within_length(items, ctx.config.algorithm.max_sample_tokens)
 
 
@@ -250,7 +261,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         "certificate": None,
         "version_before": version_before,
         "over_length": over_length,
-    }
+    } | dict.fromkeys(TRAIN_STATS)
     if not items:
         row |= {
             "kl": None,
@@ -291,7 +302,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             "seconds": res.seconds,
             "skipped": res.skipped,
             "reason": res.reason,
-        }
+        } | {k: res.stats.get(k) for k in TRAIN_STATS}
         if not res.skipped and cfg.kl_delta is not None:
             kl, kept = enforce_trust_region(
                 policy, agent, items, start, cfg.kl_delta, cfg.backtrack_steps, temperature, cfg.micro_batch_size
@@ -339,7 +350,8 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
 
 def loss_of(ctx: context.RunContext):
     cfg = ctx.config.algorithm
-    return partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps)
+    base = partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps)
+    return partial(with_reference_kl, base=base, beta=cfg.kl_loss_coef) if cfg.kl_loss_coef > 0 else base
 
 
 def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
@@ -356,7 +368,7 @@ def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, ver
         seed=ctx.seed_for("update", iteration, phase, agent),
         optimizer_state=checkpoint_dir(ctx.run_dir, agent, version_before) / OPTIMIZER,
         temperature=ctx.config.rollout.temperature,
-        skip_zero_advantage=cfg.loss in ADVANTAGE_WEIGHTED,
+        skip_zero_advantage=cfg.loss in ADVANTAGE_WEIGHTED and cfg.kl_loss_coef == 0,
         **more,
     )
 

@@ -58,3 +58,24 @@ def test_masked_tokens_ignored_in_loss_stats_and_gradient():
     assert stats["clip_frac"] == pytest.approx(0.5)  # only the 1.5 token is outside [0.8, 1.2]
     assert stats["surrogate"] == pytest.approx((1.1 + 1.5) / 2)  # unclipped ratio*A mean
     assert stats["kl_old"] == pytest.approx(-(math.log(1.1) + math.log(1.5)) / 2, rel=1e-6)  # mean(old - logp)
+
+
+def test_reference_kl_term_against_hand_values():
+    """pi = 0.5 and pi_ref = 0.25 on one token, A = 0 (no policy term): k3 = exp(ref - logp) - (ref - logp) - 1
+    = 0.5 - ln 0.5 - 1 = 0.19315; d/dlogp = 1 - exp(ref - logp) = 0.5; both times beta = 0.1. A masked
+    token adds nothing."""
+    from functools import partial
+
+    from tasks.losses import with_reference_kl
+
+    loss_fn = partial(with_reference_kl, base=partial(ppo_clip_loss, clip_eps=0.2), beta=0.1)
+    logp = torch.tensor([[math.log(0.5), 0.0]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), -5.0]])
+    out, stats = loss_fn(logp, logp.detach(), torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), ref_logp=ref)
+    out.backward()
+    k3 = 0.5 - math.log(0.5) - 1
+    assert stats["kl_ref"] == pytest.approx(k3, rel=1e-6)
+    assert out.item() == pytest.approx(0.1 * k3, rel=1e-5)
+    assert logp.grad[0, 0].item() == pytest.approx(0.1 * 0.5, rel=1e-5) and logp.grad[0, 1].item() == 0.0
+    with pytest.raises(ValueError, match="without the reference pass"):
+        loss_fn(logp, logp.detach(), torch.zeros(1, 2), torch.ones(1, 2))

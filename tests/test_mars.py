@@ -1,6 +1,8 @@
 """MARS: turn parsing, chat continuation, decoupled-gradient joins, trajectory GRPO, balanced System-1
 sampling, and the deepresearch pipeline through the real train flow (tiny model)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -68,6 +70,10 @@ def test_join_turns_masks_observations():
     assert j.loss_mask == [1, 1, 0, 0, 0, 1]
     assert j.logprobs == [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3]
     assert j.advantages == [0.5, 0.5, 0.0, 0.0, 0.0, 0.5]
+    assert j.ref_logprobs is None  # no reference pass ran
+    r1, r2 = replace(t1, ref_logprobs=[-1.0, -2.0]), replace(t2, ref_logprobs=[-3.0])
+    assert join_turns([r1, r2]).ref_logprobs == [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0]
+    assert join_turns([r1, t2]).ref_logprobs is None
     with pytest.raises(ValueError, match="does not extend"):
         join_turns([t1, Turn([1, 2, 7], [5], [0.0], [0.0], [1])])
 
@@ -262,16 +268,17 @@ def test_system1_coach_credit_needs_a_coach_and_a_trajectory_estimator():
 
 
 @pytest.mark.slow
-def test_system1_coach_credit_flow(prefect_harness, tmp_path):
-    """One real iteration with the rubric coach crediting System 1's extractions: System-1 rewards are
-    their coach scores / 10, System 2's the trajectory's outcome, and the update trains on both."""
+def test_system1_coach_credit_and_kl_loss_flow(prefect_harness, tmp_path):
+    """One real iteration with the rubric coach crediting System 1's extractions and a KL term in the loss:
+    System-1 rewards are their coach scores / 10, System 2's the trajectory's outcome, every training
+    action has reference log-probs, and the update trains on both systems."""
     from conftest import MARS
 
     from flows.config import load_config
     from flows.train import train
     from infra import store
 
-    over = ["algorithm.system1_credit=coach", "coach.backend=rubric"]
+    over = ["algorithm.system1_credit=coach", "coach.backend=rubric", "algorithm.kl_loss_coef=0.05"]
     cfg = load_config("deepresearch-tiny", [f"run.dir={tmp_path}", "run.id=s1coach", *MARS, *over])
     run_dir = train(config=cfg)
     adv = store.read_table(run_dir, "advantages", 1, "rollout")
@@ -282,4 +289,8 @@ def test_system1_coach_credit_flow(prefect_harness, tmp_path):
     assert len(s1) and len(s2)
     assert np.allclose(s1["reward"], s1["score"] / 10)
     assert np.allclose(s2["reward"], eps.loc[s2["episode_id"], "outcome"])
-    assert store.read_table(run_dir, "updates")["tokens"].gt(0).all()
+    acts = store.load_actions(run_dir, 1, "rollout")
+    assert acts["ref_logprobs"].notna().all()
+    assert all(len(r) == len(x) for r, x in zip(acts["ref_logprobs"], acts["logprobs"]))
+    up = store.read_table(run_dir, "updates")
+    assert up["tokens"].gt(0).all() and up["kl_ref"].ge(0).all()

@@ -31,6 +31,9 @@ def _update_row(iteration: int, phase: str, agent: str, after: int) -> dict:
         "skipped": False,
         "reason": "",
         "over_length": 0,
+        "grad_norm": 0.3,
+        "clip_frac": 0.0,
+        "kl_ref": None,
     }
 
 

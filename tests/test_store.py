@@ -64,6 +64,9 @@ ROWS = {
         skipped=False,
         reason="",
         over_length=0,
+        grad_norm=0.3,
+        clip_frac=0.05,
+        kl_ref=0.002,
     ),
     "align": dict(
         run_id="r1",

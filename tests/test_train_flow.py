@@ -63,6 +63,9 @@ def test_checkpoint_versions_advance(trained_run):
     assert (up["skipped"] == ~trained).all()
     assert (up.loc[~trained, "reason"] == "no scored actions for this agent").all()
     assert (up["version_after"] == up["version_before"] + trained.astype(int)).all()
+    # the trainer's statistics: a gradient norm and a clip fraction per update, no KL-to-reference term
+    assert (up.loc[trained, "grad_norm"] > 0).all() and up.loc[trained, "clip_frac"].between(0, 1).all()
+    assert up["kl_ref"].isna().all() and up.loc[~trained, "grad_norm"].isna().all()
     for a in AGENTS:
         last = 2 if a in TRAINED else 0
         assert latest_version(run_dir, a) == last
@@ -83,6 +86,8 @@ def test_mlflow_has_params_and_metrics(trained_run):
         "coach_score/solver",
         "loss/executor",
         "kl/executor",
+        "grad_norm/executor",
+        "clip_frac/executor",
         "skipped/verifier",
         "rollout_tokens_per_s",
         "seconds/collect_rollouts",

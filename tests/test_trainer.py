@@ -229,3 +229,31 @@ def test_saved_moments_are_loaded_under_the_specs_learning_rate_and_decay(policy
             assert torch.equal(steps.opt.state[steps.params[i]]["exp_avg"], s["exp_avg"])
     finally:
         steps.close()
+
+
+def test_reference_log_probs_reach_the_loss_and_pull_towards_the_reference(policy):
+    """With A = 0 the only gradient is the KL term's: zero where the reference is the policy itself,
+    non-zero where it differs; a micro-batch that mixes samples with and without reference log-probs is
+    refused."""
+    from tasks.losses import with_reference_kl
+
+    def init():
+        for p in policy.parameters("a"):
+            torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(p.numel()))
+
+    items = [replace(it, advantages=[0.0] * len(it.advantages)) for it in train_items()]
+    init()
+    new = batch_logprobs(policy, "a", items)[0]
+    now = [new[i, : len(it.response_ids)].tolist() for i, it in enumerate(items)]
+    kl_loss = partial(with_reference_kl, base=partial(ppo_clip_loss, clip_eps=0.2), beta=1.0)
+
+    def grads(refs):
+        init()
+        spec = TrainSpec(lr=0.0, weight_decay=0.0, epochs=1, minibatch_size=len(items), max_grad_norm=1e9, seed=0)
+        train_agent(policy, "a", [replace(it, ref_logprobs=r) for it, r in zip(items, refs)], kl_loss, spec)
+        return torch.cat([p.grad.flatten() for p in policy.parameters("a")])
+
+    assert grads(now).abs().max().item() < 1e-5
+    assert grads([[x - 1.0 for x in lp] for lp in now]).abs().max().item() > 1e-4
+    with pytest.raises(ValueError, match="mixes samples"):
+        grads([None] + now[1:])
