@@ -192,8 +192,10 @@ def test_rubric_blames_the_system_that_failed():
             act("system1", "extract", out=doc, text="Founded by Ada Vell.", purpose=purpose),
             act("system1", "extract", out=doc, text="A bridge.", purpose=purpose),
             act("system1", "extract", out="# Other\nNothing here.", text="NONE", purpose=purpose),
-            # naming the entity the purpose already names passes nothing on; the answer must be whole words
+            # naming the question's entity passes nothing on, even where the purpose misspells it; the answer
+            # must be whole words
             act("system1", "extract", out=doc, text="Marlo Works was founded.", purpose=purpose),
+            act("system1", "extract", out=doc, text="Marlo Works was founded.", purpose="who founded Marlo Werks"),
             act("system1", "extract", out=doc, text="Ada Vellum founded it.", purpose=purpose),
             act("system2", "answer"),
             act("system2", None),
@@ -201,11 +203,12 @@ def test_rubric_blames_the_system_that_failed():
         final_answer="Ada",
     )
     scores = [s for s, _ in rubric_scores(ep, ["Marlo Works"])]
-    assert scores == [10.0, 10.0, 0.0, 5.0, 0.0, 0.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
+    assert scores == [10.0, 10.0, 0.0, 5.0, 0.0, 0.0, 0.0, pytest.approx(10 * f1("Ada", "Ada Vell")), 0.0]
     missed = Episode(ep.problem, "e", "g", actions=[act("system2", "search", out="# Other\nNothing.")])
     assert rubric_scores(missed, ["Marlo Works"])[0][0] == 2.0
-    # two hops: from the first document, the next hop's entity (a support title the purpose does not
-    # name) is what must be passed on
+    ada = "# Ada Vell\nAda Vell was born in Kesh."
+    # two hops: from the first document, the next hop's entity (the second support title, which the
+    # purpose does not name) is what must be passed on
     hop = Episode(
         Problem("u", "Where was the founder of Marlo Works born?", "Kesh"),
         "e",
@@ -213,9 +216,12 @@ def test_rubric_blames_the_system_that_failed():
         actions=[
             act("system1", "extract", out=doc, text="Ada Vell founded it.", purpose=purpose),
             act("system1", "extract", out=doc, text="Marlo Works is old.", purpose=purpose),
+            # the second hop: its purpose names the bridge entity, so only the answer counts
+            act("system1", "extract", out=ada, text="Ada Vell was a painter.", purpose="where Ada Vell was born"),
+            act("system1", "extract", out=ada, text="Ada Vell was born in Kesh.", purpose="where Ada Vell was born"),
         ],
     )
-    assert [s for s, _ in rubric_scores(hop, ["Marlo Works", "Ada Vell"])] == [10.0, 0.0]
+    assert [s for s, _ in rubric_scores(hop, ["Marlo Works", "Ada Vell"])] == [10.0, 0.0, 0.0, 10.0]
 
 
 def test_system1_coach_credit_replaces_only_system1_advantages():

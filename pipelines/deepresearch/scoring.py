@@ -40,9 +40,10 @@ def contains(text: str, phrase: str) -> bool:
 def rubric_scores(ep: Episode, support_titles: list[str]) -> list[tuple[float, str]]:
     """A score 0..10 per action. System 2's answer: 10 x F1. Its tool call: 10 when a support document
     came back, 2 when none did, 0 for a turn that was neither a tool call nor an answer. System 1 (what
-    it must pass on is the answer, and the support titles its purpose does not already name: the next
-    hop's entity): 10 when its bin held one of them and the extraction names one; 0 when the bin held one
-    and the extraction names none; 5 for a bin without any (nothing to find)."""
+    it must pass on is the answer and the later hops' entities: the support titles after the first, which
+    the question names, that its purpose does not name already): 10 when its bin held one of them and the
+    extraction names one; 0 when the bin held one and the extraction names none; 5 for a bin without any
+    (nothing to find)."""
     titles = [normalize(t) for t in support_titles]
     out = []
     for a in ep.actions:
@@ -57,7 +58,7 @@ def rubric_scores(ep: Episode, support_titles: list[str]) -> list[tuple[float, s
                 out.append((0.0, "neither a tool call nor an answer"))
         else:
             purpose = a["tool_input"] or ""
-            needed = [ep.problem.answer] + [t for t in support_titles if not contains(purpose, t)]
+            needed = [ep.problem.answer] + [t for t in support_titles[1:] if not contains(purpose, t)]
             if not any(contains(a["tool_output"] or "", n) for n in needed):
                 out.append((5.0, "bin without support text"))
             elif any(contains(a["response_text"] or "", n) for n in needed):
