@@ -79,6 +79,8 @@ VARIANTS = {
     # answer the bin held?) instead of the trajectory's reward, since System 1 dropping the answer is where
     # short-docs loses most name questions
     "short-docs-s1-coach": ["pipeline.max_tokens=200", "algorithm.system1_credit=coach", "coach.backend=rubric"],
+    # a KL to the base model in the loss (DeepSeekMath's beta), against the drift of every answer to a year
+    "short-docs-kl": ["pipeline.max_tokens=200", "algorithm.kl_loss_coef=0.04"],
 }
 # the paper's comparisons, each (with, without) on the same seeds' held-out questions, and ours
 CONTRASTS = [
