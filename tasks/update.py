@@ -31,7 +31,7 @@ from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, kl_penalty, token_rewards
 from tasks.certificate import Bound, Segment, bound, episode_terms, team_advantages
-from tasks.decoupled import Turn, join_turns
+from tasks.decoupled import train_items
 from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES, with_reference_kl
 from tasks.stage import stage
 from tasks.trust_region import kl_tok
@@ -40,49 +40,9 @@ NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an updat
 ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
 NOT_MEASURED = "an action longer than algorithm.max_sample_tokens, or none scored"
 # certificate.cluster_se: the spread between one question's episodes says nothing of the next question's
+ONE_GROUP = "the batch holds one question's group, and the estimation term needs two or more"
 # the trainer's statistics an `updates` row keeps: means over the update's optimizer steps
 TRAIN_STATS = ("grad_norm", "clip_frac", "kl_ref")
-ONE_GROUP = "the batch holds one question's group, and the estimation term needs two or more"
-
-
-def train_items(df, reference: bool = False) -> list[TrainItem]:
-    """The update batch of one weights unit from its roles' action rows: MARS System 2's turns give one
-    trajectory sample per episode (observations masked, tasks/decoupled.py), every other row (System 1, a
-    single-system agent) its own sample `weight` times (the duplication count of balanced sampling). A
-    shared MARS model gets both parts in one batch, so one token-mean loss covers both systems. `reference`:
-    the items carry the rows' reference log-probs, for a loss with a KL term to the reference."""
-    df = df[df["weight"].fillna(0) > 0]
-    s2, rest = df[df["system"] == 2], df[df["system"] != 2]
-    turns = [
-        [
-            Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"], _ref(r, reference))
-            for r in g.sort_values("turn").to_dict("records")
-        ]
-        for _, g in s2.groupby("episode_id", sort=True)
-    ]
-    items = [
-        TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask, t.ref_logprobs)
-        for t in map(join_turns, turns)
-    ]
-    for r in rest.to_dict("records"):
-        for _ in range(int(r["weight"])):
-            items.append(
-                TrainItem(
-                    list(r["prompt_ids"]),
-                    list(r["response_ids"]),
-                    list(r["logprobs"]),
-                    list(r["advantages"]),
-                    list(r["loss_mask"]),
-                    _ref(r, reference),
-                )
-            )
-    return items
-
-
-def _ref(row: dict, wanted: bool) -> list[float] | None:
-    """An action row's reference log-probs where `wanted` (None where the rollout ran no reference pass)."""
-    ref = row.get("ref_logprobs") if wanted else None
-    return None if ref is None else [float(x) for x in ref]
 
 
 def within_length(items: list[TrainItem], max_tokens: int | None) -> tuple[list[TrainItem], int]:

@@ -10,7 +10,7 @@ import pytest
 
 from pipelines.base import own_weights, role_versions, weight_units
 from tasks.compute_advantages import balance_system1
-from tasks.update import train_items
+from tasks.decoupled import train_items
 
 ROLES = {"system2": "shared", "system1": "shared"}
 
