@@ -87,6 +87,7 @@ CONTRASTS = [
     ("short-docs", "short-docs-no-system1"),
     ("short-docs", "short-docs-separate"),
     ("short-docs-s1-coach", "short-docs"),
+    ("short-docs-kl", "short-docs"),
 ]
 
 
