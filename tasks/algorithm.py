@@ -68,6 +68,13 @@ class AlgorithmConfig(BaseModel):
         "token-mean of exp(ref - logp) - (ref - logp) - 1, the k3 estimate of KL(pi || pi_ref) against the "
         "reference (the base model: adapters off); runs the reference pass; 0: none",
     )
+    positive_only: bool = Field(
+        False,
+        description="train only on actions that did better than their baseline: negative advantages become 0 "
+        "(A' = max(A, 0), after any System-1 credit and before balanced sampling), so an update raises what "
+        "succeeded and pushes nothing down; a deviation from GRPO and REINFORCE++, whose failures' push-down can "
+        "move probability to whatever is already likely; `raw_advantages` keeps the estimator's values",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator against the reference")
     return_scope: Literal["action", "agent"] = Field(
         "action",

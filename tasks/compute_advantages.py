@@ -61,6 +61,8 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # in reward units: raw_advantages
         if trajectory and cfg.system1_credit == "coach":
             system1_coach_credit(recs, samples, advs, raws, cfg.whiten_eps)
+        if cfg.positive_only:
+            advs = positive_part(advs)
         for r, smp, a, raw in zip(recs, samples, advs, raws):
             n = len(r["response_ids"])
             rows.append(
@@ -89,6 +91,11 @@ def system1_coach_credit(recs: list[dict], samples: list[Sample], advs: list, ra
     scaled, raw = estimate("grpo", own, eps=eps), estimate("grpo", own, eps=eps, scale=False)
     for k, i in enumerate(idx):
         samples[i], advs[i], raws[i] = own[k], scaled[k], raw[k]
+
+
+def positive_part(advs: list) -> list:
+    """A' = max(A, 0) per token; an action without an advantage keeps none."""
+    return [None if a is None else np.maximum(a, 0.0) for a in advs]
 
 
 def _coach_score(score) -> float | None:

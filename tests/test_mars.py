@@ -260,6 +260,56 @@ def test_system1_coach_credit_replaces_only_system1_advantages():
     assert [x.score for x in samples] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None]
 
 
+def test_positive_only_zeroes_negative_advantages_token_by_token():
+    """`algorithm.positive_only`: A' = max(A, 0) per token; an action without an advantage keeps none."""
+    from tasks.compute_advantages import positive_part
+
+    out = positive_part([np.array([1.5, -0.5, 0.0]), None, np.array([-2.0])])
+    assert out[1] is None
+    assert out[0].tolist() == [1.5, 0.0, 0.0] and out[2].tolist() == [0.0]
+
+
+def test_advantage_rows_train_only_positive_advantages_when_asked(monkeypatch):
+    """A GRPO group of rewards 1, 0, 0, 1/2 (mean 3/8, std sqrt(11/64)): with `positive_only` the trained
+    advantages are (5/8) / std, 0, 0, (1/8) / std while `raw_advantages` keeps 5/8, -3/8, -3/8, 1/8."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from tasks import compute_advantages as ca
+    from tasks.algorithm import AlgorithmConfig
+
+    rewards = [1.0, 0.0, 0.0, 0.5]
+    acts = pd.DataFrame(
+        {
+            "run_id": "r",
+            "iteration": 1,
+            "phase": "rollout",
+            "episode_id": list("abcd"),
+            "turn": 0,
+            "agent": "system2",
+            "system": 2,
+            "score": np.nan,
+            "error_kind": "",
+            "ref_logprobs": None,
+            "logprobs": [[-1.0, -1.0]] * 4,
+            "response_ids": [[1, 2]] * 4,
+        }
+    )
+    eps = pd.DataFrame({"episode_id": list("abcd"), "outcome": rewards, "group_id": "g"})
+    for positive_only in (False, True):
+        algo = AlgorithmConfig(estimator="grpo_trajectory", kl_coef=0.0, positive_only=positive_only, whiten_eps=1e-12)
+        run = SimpleNamespace(config=SimpleNamespace(algorithm=algo), seed_for=lambda *p: 0)
+        monkeypatch.setattr(ca.context, "of", lambda _d, run=run: run)
+        monkeypatch.setattr(ca.store, "load_actions", lambda *_a: acts)
+        monkeypatch.setattr(ca.store, "read_table", lambda *_a: eps)
+        rows = ca.advantage_rows("run", 1, "rollout")
+        std, raw = np.sqrt(11 / 64), [5 / 8, -3 / 8, -3 / 8, 1 / 8]
+        want = [max(r, 0.0) if positive_only else r for r in raw]
+        assert np.allclose([r["advantages"] for r in rows], [[w / std] * 2 for w in want], rtol=1e-5)
+        assert np.allclose([r["raw_advantages"] for r in rows], [[r] * 2 for r in raw], rtol=1e-5)
+
+
 def test_system1_coach_credit_needs_a_coach_and_a_trajectory_estimator():
     from flows.config import load_config
     from tasks.config import ConfigError
