@@ -93,6 +93,20 @@ def _field(driver, label: str):
     )
 
 
+def _flow_runs_of(api: str, deployment_id: str) -> set[str]:
+    """Ids of the deployment's flow runs, from the Prefect server's REST API."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{api}/api/flow_runs/filter",
+        data=json.dumps({"deployments": {"id": {"any_": [deployment_id]}}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return {run["id"] for run in json.load(resp)}
+
+
 def _type(el, text: str) -> None:
     from selenium.webdriver.common.keys import Keys
 
@@ -112,7 +126,9 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     _wait(lambda: "tiny" in body() and "evaluate" in body() and "align" in body(), 120, "the deployments list")
     browser.find_element(By.XPATH, "//a[normalize-space()='tiny']").click()
     _wait(lambda: "/deployments/deployment/" in browser.current_url, 60, "the deployment page")
-    browser.get(browser.current_url.split("?")[0].rstrip("/") + "/run")
+    deployment_url = browser.current_url.split("?")[0].rstrip("/")
+    earlier = _flow_runs_of(stack["prefect"], deployment_url.split("/")[-1])
+    browser.get(deployment_url + "/run")
     _wait(lambda: "Iterations (Optional)" in body(), 120, "the run form")
     # 2. change parameters in the form: one iteration, runs in the test's folder, a recognisable run name
     name = f"browser-{uuid.uuid4().hex[:8]}"
@@ -121,15 +137,22 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     _type(_field(browser, "Dir (Optional)"), str(stack["runs"]))
     browser.find_element(By.XPATH, "//button[@type='submit' and normalize-space()='Submit']").click()
 
-    def run_link():  # the UI either opens the new flow run or toasts a link to it
+    def run_id():
+        """The UI opens the new flow run or toasts a link to it; the toast can vanish between two polls on a
+        loaded machine, so the deployment's new flow run is also looked up in the server."""
         if "/runs/flow-run/" in browser.current_url:
-            return browser.current_url
+            return browser.current_url.split("?")[0].rstrip("/").split("/")[-1]
         links = browser.find_elements(By.CSS_SELECTOR, "a[href*='/runs/flow-run/']")
-        return links[0].get_attribute("href") if links else None
+        if links and (href := links[0].get_attribute("href")):
+            return href.split("?")[0].rstrip("/").split("/")[-1]
+        new = _flow_runs_of(stack["prefect"], deployment_url.split("/")[-1]) - earlier
+        return new.pop() if len(new) == 1 else None
 
-    url = _wait(run_link, 60, "a link to the new flow run")
-    flow_run_id = url.split("?")[0].rstrip("/").split("/")[-1]
-    browser.get(url)
+    try:
+        flow_run_id = _wait(run_id, 180, "the flow run the form submitted")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the page said:\n{body()[:2000]}") from None
+    browser.get(f"{stack['prefect']}/runs/flow-run/{flow_run_id}")
 
     # 3. the worker picks it up; the state badge in the page heading turns Completed (the page polls)
     def state():
