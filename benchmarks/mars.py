@@ -10,7 +10,8 @@ truncated to its budget, `pipeline.system1=false`), `g8` (the preset's 32 traini
 questions x 8 samples instead of 8 x 4), `short-docs` (documents of at most 200 tokens instead of 600), and
 `short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents), and `short-docs-names`
 (training questions that ask for a name only) and `short-docs-names-em` (the same, rewarded by exact match);
-the later ones (`short-docs-s1-coach`, `-kl`, `-positive`, `-positive-lr`) are explained where `VARIANTS` defines them.
+the later ones (`short-docs-s1-coach`, `-kl`, `-positive`, `-positive-lr`,
+`-positive-hops12`) are explained where `VARIANTS` defines them.
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
 `--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
 progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
@@ -88,6 +89,14 @@ VARIANTS = {
     # the same at half the step: short-docs-positive's seed 2 swung from years to names in one update
     # (held-out exact match on year questions 0.65 -> 0.18 from iteration 4 to 6)
     "short-docs-positive-lr": ["pipeline.max_tokens=200", "algorithm.positive_only=true", "algorithm.lr=0.00025"],
+    # the issue's next step, a mix of 1- and 2-hop questions: a third System-2 turn makes room for a second
+    # search (the first turn must search and the last must answer), so the search behaviour can change
+    "short-docs-positive-hops12": [
+        "pipeline.max_tokens=200",
+        "algorithm.positive_only=true",
+        "pipeline.hops=[1,2]",
+        "pipeline.max_turns=3",
+    ],
 }
 # the paper's comparisons, each (with, without) on the same seeds' held-out questions, and ours
 CONTRASTS = [
