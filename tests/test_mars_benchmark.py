@@ -168,3 +168,13 @@ def test_runner_trains_records_and_skips_a_finished_run(tmp_path, monkeypatch, c
     rows = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["resumed"]
     pd.testing.assert_frame_equal(pd.read_csv(out / "shared-s3.csv").set_index("iteration"), per_it)
+
+
+def test_answer_flags_take_tool_less_turns_as_parquet_reads_them():
+    # with three turns, an early answer leaves a turn without a tool: pandas reads its name and output as NA
+    names, outputs = [pd.NA, "search"], [pd.NA, "# Veltor Press\nVeltor Press was founded by Ada Quill."]
+    assert mars.answer_flags("Ada Quill", names, outputs, "Question: Who founded Veltor Press?\n") == {
+        "retrieved": 1,
+        "found": 0,
+    }
+    assert mars.answer_flags("Ada Quill", [pd.NA], [pd.NA], "Question: Who founded Veltor Press?\n")["retrieved"] == 0
