@@ -307,9 +307,33 @@ def report() -> str:
             cells.append("-" if np.isnan(a + b).any() else f"{mean_sd(a)} -> {mean_sd(b)}")
         cells.append(mean_sd([float(t["update_s"].mean()) for t in tr], 0))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    lines += by_hops(qs)
     lines += contrasts(qs)
     lines += funnel(qs)
     return "\n".join(lines) + "\n"
+
+
+def by_hops(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
+    """Held-out exact match by hop count at every evaluation, for the variants whose questions mix hops."""
+    mixed = {v: runs for v, runs in qs.items() if any(q["hops"].nunique() > 1 for q in runs.values())}
+    if not mixed:
+        return []
+    lines = [
+        "",
+        "Held-out exact match by hops (questions of each hop count, mean ± sd over seeds), at every evaluation.",
+        "",
+        "| variant | seeds | hops | questions | held-out EM by iteration |",
+        "|---|---|---|---|---|",
+    ]
+    for variant, runs in mixed.items():
+        seeds = sorted(runs)
+        for h in sorted(set().union(*(set(q["hops"]) for q in runs.values()))):
+            per_seed = [runs[s][runs[s]["hops"] == h].groupby("iteration")["em"] for s in seeds]
+            its = sorted(set.intersection(*(set(g.groups) for g in per_seed)))
+            curve = ", ".join(f"{it}: {mean_sd([float(g.mean()[it]) for g in per_seed])}" for it in its)
+            n = int(per_seed[0].size().iloc[0])
+            lines.append(f"| {variant} | {', '.join(map(str, seeds))} | {h} | {n} | {curve} |")
+    return lines
 
 
 def contrasts(qs: dict[str, dict[int, pd.DataFrame]]) -> list[str]:

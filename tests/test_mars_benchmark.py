@@ -178,3 +178,23 @@ def test_answer_flags_take_tool_less_turns_as_parquet_reads_them():
         "found": 0,
     }
     assert mars.answer_flags("Ada Quill", [pd.NA], [pd.NA], "Question: Who founded Veltor Press?\n")["retrieved"] == 0
+
+
+def test_by_hops_gives_each_hop_counts_curve_and_skips_one_hop_variants():
+    def questions(em1: list[int], em2: list[int]) -> pd.DataFrame:
+        rows = [(it, f"q{i}", 1, e) for it, ems in ((0, em1), (2, em2)) for i, e in enumerate(ems)]
+        rows += [(it, f"r{i}", 2, 0) for it in (0, 2) for i in range(2)]
+        return pd.DataFrame(rows, columns=["iteration", "task_id", "hops", "em"])
+
+    one_hop = questions([1, 0, 0, 0], [1, 1, 0, 0])
+    one_hop = one_hop[one_hop["hops"] == 1]
+    qs = {
+        "mix": {0: questions([1, 0, 0, 0], [1, 1, 0, 0]), 1: questions([1, 1, 0, 0], [1, 1, 1, 1])},
+        "one": {0: one_hop},
+    }
+    table = mars.by_hops(qs)
+    # 1-hop: seed 0 0.25 -> 0.50, seed 1 0.50 -> 1.00; 2-hop: never answered; the 1-hop-only variant has no row
+    assert "| mix | 0, 1 | 1 | 4 | 0: 0.38 ± 0.18, 2: 0.75 ± 0.35 |" in table
+    assert "| mix | 0, 1 | 2 | 2 | 0: 0.00 ± 0.00, 2: 0.00 ± 0.00 |" in table
+    assert not any(line.startswith("| one ") for line in table)
+    assert mars.by_hops({"one": {0: one_hop}}) == []
