@@ -1,4 +1,4 @@
-"""benchmarks/mars.py: the per-iteration figures of a real MARS run against its own tables, and the report's
+"""benchmarks/mars.py: the per-iteration figures of a real MARS run against its own tables; mars_report.py: the
 aggregation over seeds against hand-computed values."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import mars  # noqa: E402
+from benchmarks import mars, mars_report  # noqa: E402
 
 
 @pytest.mark.slow
@@ -105,7 +105,7 @@ def test_report_over_two_seeds(tmp_path, monkeypatch):
     (tmp_path / "runs.jsonl").write_text(
         "".join(json.dumps({"variant": "shared", "seed": s, "wall_s": w}) + "\n" for s, w in [(0, 600), (1, 1200)])
     )
-    text = mars.report()
+    text = mars_report.report()
     row = next(ln for ln in text.splitlines() if ln.startswith("| shared | 0, 1 |"))
     # held-out EM: iteration 0 (0.25, 0.5), iteration 2 (0.75, 0.5); the gain is the mean of 0.5 and 0
     assert "0: 0.38 ± 0.18, 2: 0.62 ± 0.18" in row
@@ -123,7 +123,7 @@ def test_report_over_two_seeds(tmp_path, monkeypatch):
     q0 = pd.read_csv(tmp_path / "shared-s0.questions.csv")
     q0["year_reply"] = [1, 1, 1, 0] + [1, 0, 0, 0]
     q0.to_csv(tmp_path / "shared-s0.questions.csv", index=False)
-    funnel = next(ln for ln in mars.report().splitlines() if ln.startswith("| shared | 0, 1 | name |"))
+    funnel = next(ln for ln in mars_report.report().splitlines() if ln.startswith("| shared | 0, 1 | name |"))
     assert funnel.endswith("| 0.75 (one seed) -> 0.25 (one seed) |")
 
 
@@ -133,7 +133,7 @@ def test_contrasts_pair_two_variants_question_by_question(monkeypatch):
         "shared": {0: _questions([1, 0, 0, 0], [1, 1, 1, 0]), 1: _questions([1, 1, 0, 0], [1, 0, 1, 0])},
         "other": {0: _questions([0, 0, 0, 0], [1, 0, 0, 0]), 2: _questions([0, 0, 0, 0], [0, 0, 0, 0])},
     }
-    lines = mars.contrasts(qs)
+    lines = mars_report.contrasts(qs)
     # only seed 0 is common: untrained 1 of 4 against 0 of 4, trained 3 of 4 against 1 of 4
     assert [ln for ln in lines if ln.startswith("| shared")] == [
         "| shared − other | 0 | +0.25 [+0.00, +0.75] | +0.50 [+0.00, +1.00] |"
@@ -192,9 +192,9 @@ def test_by_hops_gives_each_hop_counts_curve_and_skips_one_hop_variants():
         "mix": {0: questions([1, 0, 0, 0], [1, 1, 0, 0]), 1: questions([1, 1, 0, 0], [1, 1, 1, 1])},
         "one": {0: one_hop},
     }
-    table = mars.by_hops(qs)
+    table = mars_report.by_hops(qs)
     # 1-hop: seed 0 0.25 -> 0.50, seed 1 0.50 -> 1.00; 2-hop: never answered; the 1-hop-only variant has no row
     assert "| mix | 0, 1 | 1 | 4 | 0: 0.38 ± 0.18, 2: 0.75 ± 0.35 |" in table
     assert "| mix | 0, 1 | 2 | 2 | 0: 0.00 ± 0.00, 2: 0.00 ± 0.00 |" in table
     assert not any(line.startswith("| one ") for line in table)
-    assert mars.by_hops({"one": {0: one_hop}}) == []
+    assert mars_report.by_hops({"one": {0: one_hop}}) == []
