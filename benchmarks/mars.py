@@ -144,7 +144,7 @@ def answer_flags(answer: str, tool_names: list, tool_outputs: list, last_prompt:
     its last reply."""
     # a turn without a tool (an answer before the last turn) has NA for both, which `==` cannot test
     raw = "\n".join(
-        o for t, o in zip(tool_names, tool_outputs) if t is not pd.NA and t == "search" and isinstance(o, str)
+        o for t, o in zip(tool_names, tool_outputs) if isinstance(t, str) and t == "search" and isinstance(o, str)
     )
     read = last_prompt.rsplit("Question:", 1)[-1].split("\n", 1)[-1]
     return {"retrieved": int(contains(raw, answer)), "found": int(contains(read, answer))}
