@@ -6,7 +6,14 @@ os.environ.setdefault("TEAMRL_PROGRESS", "0")
 # Kernels held to AVX2, with MKL in its strict reproducible mode, for this process and every process it starts:
 # unpinned, two processes on one machine have rounded a GEMM's last bit differently, and a later update amplifies
 # that past any float tolerance, so a fixture's run here and its killed-and-resumed twin in a child would differ.
-ISA_PIN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# numpy and its OpenBLAS dispatch by CPU too (numpy's AVX-512 log and exp round differently from its AVX2 ones).
+ISA_PIN = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2,STRICT",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Haswell",
+}
 
 
 def _has_avx2() -> bool:
