@@ -11,7 +11,7 @@ questions x 8 samples instead of 8 x 4), `short-docs` (documents of at most 200 
 `short-docs-no-system1` and `short-docs-separate` (the two ablations on short documents), and `short-docs-names`
 (training questions that ask for a name only) and `short-docs-names-em` (the same, rewarded by exact match);
 the later ones (`short-docs-s1-coach`, `-kl`, `-positive`, `-positive-lr`,
-`-positive-hops12`) are explained where `VARIANTS` defines them.
+`-positive-hops12`, `-positive-two-search`) are explained where `VARIANTS` defines them.
 Each (variant, seed) is one `teamrl train` process with a fixed run id (`mars-<variant>-s<seed>` under
 `--runs-dir`); a run whose folder exists is resumed, so killing this script loses at most the stage in
 progress. When a run ends, its figures go to `benchmarks/mars/<variant>-s<seed>.csv` (per iteration) and
@@ -95,6 +95,15 @@ VARIANTS = {
         "pipeline.hops=[1,2]",
         "pipeline.max_turns=3",
     ],
+    # the same with a worked 2-hop episode that searches twice in System 2's prompt: with one-search examples
+    # the team searched once in every episode of short-docs-positive-hops12, so no 2-hop answer was retrieved
+    "short-docs-positive-two-search": [
+        "pipeline.max_tokens=200",
+        "algorithm.positive_only=true",
+        "pipeline.hops=[1,2]",
+        "pipeline.max_turns=3",
+        "pipeline.two_search_example=true",
+    ],
 }
 # the paper's comparisons, each (with, without) on the same seeds' held-out questions, and ours
 CONTRASTS = [
@@ -104,6 +113,7 @@ CONTRASTS = [
     ("short-docs-kl", "short-docs"),
     ("short-docs-positive", "short-docs"),
     ("short-docs-positive-lr", "short-docs-positive"),
+    ("short-docs-positive-two-search", "short-docs-positive-hops12"),
 ]
 
 

@@ -7,14 +7,39 @@ import pytest
 from infra.engines.types import Generation
 from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.deepresearch.corpus import COMPANY_SUFFIXES, SYLLABLES, generate
-from pipelines.deepresearch.prompts import FINAL_NOTE, S1_EXAMPLES, S2_EXAMPLES, SYSTEM1, SYSTEM2, parse_turn
+from pipelines.deepresearch.prompts import (
+    FINAL_NOTE,
+    S1_EXAMPLES,
+    S2_EXAMPLES,
+    S2_TWO_SEARCH_EXAMPLE,
+    SYSTEM1,
+    SYSTEM2,
+    parse_turn,
+)
 
 
 def _pipe(**over) -> DeepResearch:
-    cfg = DeepResearchConfig(
-        questions=12, eval_size=4, distractors=8, hops=[1], max_tokens=200, max_turns=2, top_k=1, **over
-    )
+    base = dict(questions=12, eval_size=4, distractors=8, hops=[1], max_tokens=200, max_turns=2, top_k=1)
+    cfg = DeepResearchConfig(**base | over)
     return DeepResearch(cfg, seed=0)
+
+
+def _check_episode(shots: list[dict], example) -> list[dict]:
+    """The worked episode `example` opens `shots`: the question, each search and its findings (the final
+    note after the last only), the answer copied from the last findings; returns the turns after it."""
+    q, searches, answer = example
+    assert shots[0] == {"role": "user", "content": f"Question: {q}"}
+    for k, (query, purpose, findings) in enumerate(searches, 1):
+        search, seen = shots[2 * k - 1 : 2 * k + 1]
+        assert [search["role"], seen["role"]] == ["assistant", "user"]
+        assert parse_turn(search["content"]) == ("search", query, purpose)
+        assert seen["content"].startswith(f"Findings ({purpose}):\n")
+        assert seen["content"].endswith(FINAL_NOTE) == (k == len(searches))
+        assert all(f"- {f}" in seen["content"] for f in findings)
+    reply = shots[2 * len(searches) + 1]
+    assert reply["role"] == "assistant" and parse_turn(reply["content"]) == ("answer", answer, "")
+    assert answer in " ".join(searches[-1][2])  # the answer is copied, never made up
+    return shots[2 * len(searches) + 2 :]
 
 
 def test_system2_sees_whole_worked_episodes_before_the_question():
@@ -22,15 +47,24 @@ def test_system2_sees_whole_worked_episodes_before_the_question():
     assert chat[0] == {"role": "system", "content": SYSTEM2}
     assert chat[-1] == {"role": "user", "content": "Question: Who founded Veltor Mining?"}
     shots = chat[1:-1]
-    assert [m["role"] for m in shots] == ["user", "assistant"] * 2 * len(S2_EXAMPLES)
-    for k, (q, query, purpose, findings, answer) in enumerate(S2_EXAMPLES):
-        ask, search, seen, reply = shots[4 * k : 4 * k + 4]
-        assert ask["content"] == f"Question: {q}"
-        assert parse_turn(search["content"]) == ("search", query, purpose)
-        assert seen["content"].startswith(f"Findings ({purpose}):\n") and seen["content"].endswith(FINAL_NOTE)
-        assert all(f"- {f}" in seen["content"] for f in findings)
-        assert parse_turn(reply["content"]) == ("answer", answer, "")
-        assert answer in " ".join(findings)  # the answer is copied, never made up
+    assert len(shots) == 4 * len(S2_EXAMPLES)
+    for example in S2_EXAMPLES:
+        shots = _check_episode(shots, example)
+    assert shots == []
+
+
+def test_the_two_search_example_comes_last_and_chains_its_searches():
+    chat = _pipe(max_turns=3, two_search_example=True).system2_chat("Who founded Veltor Mining?")
+    shots = chat[1:-1]
+    for example in S2_EXAMPLES:
+        shots = _check_episode(shots, example)
+    assert _check_episode(shots, S2_TWO_SEARCH_EXAMPLE) == []
+    (_, first_findings), (second_query, _, _) = S2_TWO_SEARCH_EXAMPLE[1][0][1:], S2_TWO_SEARCH_EXAMPLE[1][1]
+    assert any(second_query in f for f in first_findings)  # the second search asks about what the first found
+    with pytest.raises(ValueError, match="max_turns >= 3"):
+        _pipe(max_turns=2, two_search_example=True)
+    with pytest.raises(ValueError, match="needs examples"):
+        _pipe(max_turns=3, two_search_example=True, examples=False)
 
 
 def test_system1_sees_a_copied_sentence_before_its_bin():
@@ -55,13 +89,14 @@ def test_examples_off_leaves_instructions_and_question_only():
 def test_examples_cannot_collide_with_the_generated_corpus():
     """No name in the examples is one the corpus's syllables can spell, and no example answer is a generated
     question's answer (the example year lies before the generator's), so a copied example never scores."""
-    text = " ".join(" ".join([q, *f, a]) for q, _, _, f, a in S2_EXAMPLES)
+    episodes = [*S2_EXAMPLES, S2_TWO_SEARCH_EXAMPLE]
+    text = " ".join(" ".join([q, *(w for search in s for w in [search[0], *search[2]]), a]) for q, s, a in episodes)
     text += " ".join(p + " " + d for p, d, _ in S1_EXAMPLES)
     words = set(re.findall(r"\b[A-Z][a-z]+", text)) - {"In", "Critics", "The", *COMPANY_SUFFIXES}
-    assert {"Quill", "Kimberhaven", "Jubb", "Quimby"} <= words
+    assert {"Quill", "Kimberhaven", "Jubb", "Quimby", "Oxley", "Bramcote"} <= words
     assert not [w for w in words if _spelled_by_syllables(w.lower())] and _spelled_by_syllables("dradra")
     _, problems = generate(0, 300, 200, hops=(1, 2))
-    assert not {a for *_, a in S2_EXAMPLES} & {p.answer for p in problems}
+    assert not {a for *_, a in episodes} & {p.answer for p in problems}
 
 
 def _spelled_by_syllables(word: str) -> bool:

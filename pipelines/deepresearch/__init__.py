@@ -41,6 +41,7 @@ from pipelines.deepresearch.prompts import (
     FINAL_NOTE,
     S1_EXAMPLES,
     S2_EXAMPLES,
+    S2_TWO_SEARCH_EXAMPLE,
     SYSTEM1,
     SYSTEM2,
     assistant_message,
@@ -136,14 +137,17 @@ class DeepResearch(PipelineBase):
 
     def system2_chat(self, question: str) -> list[dict]:
         """System 2's opening prompt: the instructions, the worked episodes (`examples`), the question."""
+        shots = [*S2_EXAMPLES, *([S2_TWO_SEARCH_EXAMPLE] if self.cfg.two_search_example else [])]
         turns = []
-        for q, query, purpose, findings, answer in S2_EXAMPLES if self.cfg.examples else []:
-            turns += [
-                user_message(f"Question: {q}"),
-                assistant_message(f"SEARCH: {query} PURPOSE: {purpose}"),
-                user_message(findings_text(purpose, "\n".join(f"- {f}" for f in findings)) + FINAL_NOTE),
-                assistant_message(f"ANSWER: {answer}"),
-            ]
+        for q, searches, answer in shots if self.cfg.examples else []:
+            turns.append(user_message(f"Question: {q}"))
+            for k, (query, purpose, findings) in enumerate(searches, 1):
+                note = FINAL_NOTE if k == len(searches) else ""
+                turns += [
+                    assistant_message(f"SEARCH: {query} PURPOSE: {purpose}"),
+                    user_message(findings_text(purpose, "\n".join(f"- {f}" for f in findings)) + note),
+                ]
+            turns.append(assistant_message(f"ANSWER: {answer}"))
         return [{"role": "system", "content": SYSTEM2}, *turns, user_message(f"Question: {question}")]
 
     def _tool(self, kind: str, arg: str, purpose: str, index: SearchIndex | None = None) -> ToolCall:

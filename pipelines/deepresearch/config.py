@@ -77,6 +77,11 @@ class DeepResearchConfig(BaseModel):
         "copied out of it), about fictional entities outside the corpus; false: the instructions "
         "only",
     )
+    two_search_example: bool = Field(
+        False,
+        description="with `examples`, also show System 2 a 2-hop episode that searches twice (the "
+        "first findings name whom the second search asks about); needs max_turns >= 3",
+    )
     stop: list[str] = Field(
         default_factory=lambda: ["\n"],
         description="a reply ends where its text first contains one of these (kept in the "
@@ -91,6 +96,12 @@ class DeepResearchConfig(BaseModel):
             raise ValueError("docs_file and questions_file go together: give both or neither")
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens {self.min_tokens} > max_tokens {self.max_tokens}")
+        if self.two_search_example and not self.examples:
+            raise ValueError("two_search_example is one of the worked examples: it needs examples=true")
+        if self.two_search_example and self.max_turns < 3:
+            raise ValueError(
+                f"two_search_example shows two searches and an answer: needs max_turns >= 3, got {self.max_turns}"
+            )
         if bad := [h for h in self.hops if not 1 <= h <= 4]:
             raise ValueError(f"hops must be within 1..4, got {bad}")
         return self

@@ -24,24 +24,50 @@ FINAL_NOTE = "\nFinal turn: reply with ANSWER: <answer>."
 # Worked examples (`examples`), about entities whose names the corpus's syllables cannot spell, with a year
 # before the generator's 1600..1990: a 135M model copies the shape of an earlier turn far more reliably than it
 # follows an instruction, and an answer copied from an example can never be right by chance.
-# (question, search, purpose, findings, answer): findings as System 1 would write them, with a distractor fact
-# after the answer's in one and before it in the other, so neither position is the one to copy
+# (question, [(search, purpose, findings), ...], answer): findings as System 1 would write them, with a
+# distractor fact after the answer's in one and before it in the other, so neither position is the one to copy
 S2_EXAMPLES = [
     (
         "In which city was Ada Quill born?",
-        "Ada Quill",
-        "the city where Ada Quill was born",
-        ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
+        [
+            (
+                "Ada Quill",
+                "the city where Ada Quill was born",
+                ["Ada Quill was born in the city of Kimberhaven.", "Ada Quill works for Hexley Press."],
+            )
+        ],
         "Kimberhaven",
     ),
     (
         "In what year was Jubb Holdings founded?",
-        "Jubb Holdings",
-        "the year Jubb Holdings was founded",
-        ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."],
+        [
+            (
+                "Jubb Holdings",
+                "the year Jubb Holdings was founded",
+                ["Jubb Holdings was founded by Ezra Wick.", "Jubb Holdings was founded in 1543."],
+            )
+        ],
         "1543",
     ),
 ]
+# `two_search_example`: a 2-hop episode whose first findings name the entity the second search asks about;
+# with only one-search examples, an untrained team searched once in every episode and never reached a 2-hop answer
+S2_TWO_SEARCH_EXAMPLE = (
+    "In which city was the founder of Oxley Foundry born?",
+    [
+        (
+            "Oxley Foundry",
+            "the founder of Oxley Foundry",
+            ["Oxley Foundry was founded in 1588.", "Oxley Foundry was founded by Hugo Jax."],
+        ),
+        (
+            "Hugo Jax",
+            "the city where Hugo Jax was born",
+            ["Hugo Jax was born in the city of Bramcote.", "Hugo Jax works for Oxley Foundry."],
+        ),
+    ],
+    "Bramcote",
+)
 # (purpose, document, the sentence to copy)
 S1_EXAMPLES = [
     (
