@@ -57,11 +57,13 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _new_team(runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Path | None], extra: dict) -> Path:
-    """A new run folder `eval-<source>-<time>-<hex>` with the source run's config (its identity replaced)
-    and `extra`, and each agent's checkpoint as its version 0 (None: the initial weights), weights only:
-    `evaluate(<folder>, 0)` plays that team."""
-    new_id = runs.new_run_id(f"eval-{source.name}")[-100:].lstrip("-._")
+def _new_team(
+    runs_dir: str, source: Path, cfg: dict, checkpoints: dict[str, Path | None], extra: dict, run_id: str | None = None
+) -> Path:
+    """A new run folder (`run_id`, default `eval-<source>-<time>-<hex>`) with the source run's config (its
+    identity replaced) and `extra`, and each agent's checkpoint as its version 0 (None: the initial weights),
+    weights only: `evaluate(<folder>, 0)` plays that team."""
+    new_id = run_id or runs.new_run_id(f"eval-{source.name}")[-100:].lstrip("-._")
     for agent, src in checkpoints.items():
         if src is not None:  # the team only plays: no update reads optimizer state here
             shutil.copytree(
@@ -84,12 +86,17 @@ def _problems_config(source: Path, cfg: dict, problems: str | Path, docs: str | 
 
 
 def problems_team(
-    runs_dir: str, source: Path, iteration: int, problems: str | Path, docs: str | Path | None = None
+    runs_dir: str,
+    source: Path,
+    iteration: int,
+    problems: str | Path,
+    docs: str | Path | None = None,
+    run_id: str | None = None,
 ) -> Path:
-    """A new run folder `eval-<run>-<time>-<hex>` in which the team of run `source` at policy `iteration`
-    (as version 0) plays a user's problem file as its held-out split: `evaluate(<folder>, 0)`. Its config
-    records the file (section `problems`, with its SHA-256) and the source (section `source`). Each call
-    makes a new folder; the source run is not modified."""
+    """A new run folder (`run_id`, default `eval-<run>-<time>-<hex>`) in which the team of run `source` at
+    policy `iteration` (as version 0) plays a user's problem file as its held-out split:
+    `evaluate(<folder>, 0)`. Its config records the file (section `problems`, with its SHA-256) and the
+    source (section `source`). Each call makes a new folder; the source run is not modified."""
     if not 0 <= iteration <= (last := last_iteration(source)):
         raise UsageError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
     cfg = runs.read_run_config(source)
@@ -102,6 +109,7 @@ def problems_team(
         cfg,
         checkpoints,
         extra | {"source": {"run": str(source), "iteration": iteration, "versions": versions}},
+        run_id,
     )
 
 

@@ -340,6 +340,7 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             cfg.run.tracking_uri,
             cfg.model_dump(mode="json"),
             enabled=cfg.run.mlflow,
+            parent=cfg.run.mlflow_parent,
         )
         try:
             final: dict[str, float] = {}  # the latest held-out metrics

@@ -162,3 +162,17 @@ def run_lock(run_dir: str | Path):
     finally:
         fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
         fh.close()
+
+
+def is_locked(run_dir: str | Path) -> bool:
+    """Whether a process holds the run's lock now (it is being trained or evaluated)."""
+    path = Path(run_dir) / ".lock"
+    if not path.exists():
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return False

@@ -95,6 +95,7 @@ class Tracker:
         tracking_uri: str | None,
         params: dict,
         enabled: bool = True,
+        parent: str | None = None,
     ):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
@@ -113,7 +114,8 @@ class Tracker:
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
         else:  # a new run, or its MLflow run is not in this store (the folder was moved, the database lost)
-            run = self.client.create_run(exp_id, run_name=self.run_dir.name, tags={"teamrl.run_dir": str(self.run_dir)})
+            tags = {"teamrl.run_dir": str(self.run_dir)} | ({"mlflow.parentRunId": parent} if parent else {})
+            run = self.client.create_run(exp_id, run_name=self.run_dir.name, tags=tags)
             self.run_id = run.info.run_id
             id_file.write_text(self.run_id)
             from mlflow.entities import Param

@@ -63,6 +63,11 @@ class RunSettings(BaseModel):
     experiment: str = Field("teamrl", min_length=1, description="MLflow experiment name")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: `sqlite:///<dir>/mlflow.db`)")
     mlflow: bool = Field(True, description="log params, metrics and adapters to MLflow")
+    mlflow_parent: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="MLflow run id this run's MLflow run nests under (`teamrl sweep` sets it to the sweep's run)",
+    )
     traces: Literal["none", "sample", "all"] = Field(
         "sample",
         description="episodes written as MLflow traces, each turn a span with the coach's verdict as feedback "

@@ -4,7 +4,7 @@ learned the arithmetic from one that learned the templates: the same kinds of pr
 and items problems.py never uses, and numbers outside its ranges (small factors and counts of
 containers written as words).
 
-    .venv/bin/python -m pipelines.mathchat.paraphrased --write   # -> benchmarks/data/mathchat-paraphrased.jsonl
+    .venv/bin/python -m pipelines.mathchat.paraphrased --write   # -> experiments/data/mathchat-paraphrased.jsonl
 
 The file is read like any problem file (`teamrl eval RUN --problems FILE`, problems.py `load_jsonl`).
 Each generated problem keeps its kind and numbers, so a test recomputes every answer without the text.
@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "mathchat-paraphrased.jsonl"
+FILE = Path(__file__).resolve().parents[2] / "experiments" / "data" / "mathchat-paraphrased.jsonl"
 SEED, SIZE = 0, 100
 
 NAMES = ["Priya", "Tomasz", "Zainab", "Mateo", "Keiko", "Olu", "Rosa", "Sven", "Amara", "Nikolai", "Wen", "Yusuf"]
