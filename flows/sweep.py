@@ -204,7 +204,14 @@ def status_rows(spec: SweepSpec) -> list[dict]:
         else:
             state = "interrupted"
         rows.append(
-            {"variant": v, "seed": s, "run": rid, "state": state, "iterations": f"{trained}/{total}", "record": str(csv)}
+            {
+                "variant": v,
+                "seed": s,
+                "run": rid,
+                "state": state,
+                "iterations": f"{trained}/{total}",
+                "record": str(csv),
+            }
         )
     return rows
 
