@@ -11,7 +11,7 @@ from rich.table import Table
 
 from flows.cli_common import USER_ERRORS, console, err, fail, flow_session, show_table, user_error
 from flows.cli_runs import runs_app
-from flows.cli_sweep import sweep_cmd
+from flows.cli_sweep import report_cmd, sweep_cmd
 from flows.config import load_config, preset_names, validate
 from tasks.align import AlignConfig
 
@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(runs_app, name="runs")
 app.command("sweep")(sweep_cmd)
+app.command("report")(report_cmd)
 
 
 @app.command()

@@ -52,3 +52,25 @@ def _status_table(name: str, rows: list[dict]) -> None:
             r["record"] if r["state"] == "recorded" else "-",
         )
     console.print(t)
+
+
+def report_cmd(
+    file: Path = typer.Argument(..., help="the sweep file"),
+    out: Path | None = typer.Option(
+        None, "--out", help="folder for report.md, CSVs and plots (default: <records>/report)"
+    ),
+):
+    """Compare the sweep's variants from its runs' records (nothing is run): report.md with the variants,
+    the contrasts and their verdicts, CSV files and plots; also a Prefect artifact and, where the sweep ran
+    here, files of its MLflow run."""
+    from flows.sweep import report
+    from flows.sweep_spec import load_sweep
+
+    try:
+        spec = load_sweep(file)
+        with flow_session():
+            files = report(spec, str(out or spec.records_dir() / "report"), str(file))
+    except USER_ERRORS as e:
+        user_error(e)
+    console.print(f"[green]report:[/] {files[0]}")
+    console.print(Path(files[0]).read_text(), markup=False, highlight=False, soft_wrap=True)

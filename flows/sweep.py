@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 
 from flows.evaluate import evaluate, problems_team
-from flows.sweep_record import RECORD_COLUMNS, provenance, record_paths, run_record, write_record
+from flows.sweep_record import provenance, record_paths, run_record, write_record
 from flows.sweep_spec import SweepSpec
 from flows.train import artifact_key
 from flows.train import train as train_flow
@@ -167,7 +167,37 @@ def sweep(spec: SweepSpec) -> dict[str, str]:
         raise
     publish_status(spec, tracker)
     tracker.finish()
+    report(spec, str(spec.records_dir() / "report"))
     return done
+
+
+@flow(name="sweep-report", flow_run_name="report-{spec.name}")
+def report(spec: SweepSpec, out: str, file: str | None = None) -> list[str]:
+    """The sweep's report (flows/sweep_report.py) written to `out`, attached to this flow run as a markdown
+    artifact and logged to the sweep's MLflow run where there is one; the files written."""
+    import base64
+
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.sweep_report import build, write
+
+    r = build(spec, file or f"<sweep {spec.name}>")
+    files = write(r, Path(out))
+    md = r.markdown
+    for png in (f for f in files if f.suffix == ".png"):  # the artifact carries its pictures
+        md = md.replace(f"({png.name})", f"(data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()})")
+    create_markdown_artifact(md, key=artifact_key("report", spec.name), description=f"sweep {spec.name}: report")
+    id_file = sweep_folder(spec) / "mlflow_run_id"
+    if id_file.exists():
+        from mlflow.tracking import MlflowClient
+
+        from infra.tracking import BusyRetry, default_tracking_uri
+
+        cfg = spec.run_config(*spec.cells()[0])
+        client = BusyRetry(MlflowClient(cfg.run.tracking_uri or default_tracking_uri(spec.runs_dir)))
+        for f in files:
+            client.log_artifact(id_file.read_text().strip(), str(f), "report")
+    return [str(f) for f in files]
 
 
 def ensure_limit(spec: SweepSpec) -> None:
@@ -225,6 +255,3 @@ def publish_status(spec: SweepSpec, tracker: Tracker) -> None:
     )
     if spec.records_dir().is_dir():
         tracker.log_artifacts(spec.records_dir(), "records")
-
-
-__all__ = ["RECORD_COLUMNS", "status_rows", "sweep"]

@@ -7,7 +7,8 @@
     iteration   the policy iteration (held-out: after that many updates; a problem set: the run's last)
     item        heldout and problem sets: the question's task_id; train: empty
     metric      heldout and problem sets: `success` (1/0, empty where an infrastructure fault hit the
-                episode) and the pipeline's per-episode metrics; train: the iteration's metrics as MLflow
+                episode), the pipeline's per-episode metrics, and `group/<group>` = 1 where the pipeline
+                groups its problems (Pipeline.group_of: DSBench's dataset, DeepResearch's answer kind); train: the iteration's metrics as MLflow
                 logs them (flows/metrics.py: success_rate, coach_score/<agent>, stage/certificate, ...)
                 but wall-clock ones (`seconds/*`, `*_per_s`), and `episodes`
     value       the number
@@ -47,6 +48,9 @@ def record_paths(spec: SweepSpec, variant: str, seed: int) -> tuple[Path, Path]:
 def question_rows(run_dir: Path, split: str, iteration: int | None = None) -> list[tuple]:
     """(split, iteration, task_id, metric, value) of every greedy held-out episode of the run (at `iteration`
     only, where given): success (NaN where an infrastructure fault hit it) and its per-episode metrics."""
+    from pipelines import PIPELINES
+    from pipelines.base import Problem
+
     eps = store.read_table(run_dir, "episodes")
     eps = eps[(eps["phase"] == "eval") & (greedy_flags(eps) == 1.0)]
     rows = []
@@ -54,6 +58,8 @@ def question_rows(run_dir: Path, split: str, iteration: int | None = None) -> li
         it = int(ep.iteration) if iteration is None else iteration
         ok = float(ep.success) if ep.infra_error is None or pd.isna(ep.infra_error) else np.nan
         rows.append((split, it, ep.task_id, "success", ok))
+        if group := PIPELINES[ep.pipeline].group_of(Problem(ep.task_id, ep.question, ep.answer)):
+            rows.append((split, it, ep.task_id, f"group/{group}", 1.0))
         for k, v in dict(ep.metrics).items():
             if k != "greedy" and isinstance(v, int | float) and k != "success":
                 rows.append((split, it, ep.task_id, k, float(v)))

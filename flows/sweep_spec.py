@@ -13,9 +13,42 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flows.config import load_config, parse_overrides
 from tasks.config import ConfigError, RunConfig, validate
 
-NAME = r"^[a-z0-9][a-z0-9-]{0,39}$"
+NAME = r"^[a-z0-9][a-z0-9.-]{0,39}$"
 # what the sweep sets on every run itself: a variant that set them would break the run ids or the seeds
 OWNED = ("seed", "run.id", "run.dir", "iterations", "eval_every", "run.mlflow_parent")
+
+
+class Contrast(BaseModel):
+    """A − B, paired by seed and question; with a claim, a row of the README's claims table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    a: str = Field(..., description="the variant in front")
+    b: str = Field(..., description="the variant it is compared with")
+    claim: str = Field("", description="the claim A − B > 0 stands for, in words (the README's claims table)")
+    paper: str = Field("", description="where the claim comes from, e.g. MAPPA")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pair(cls, v):
+        """`[A, B]` is short for `{a: A, b: B}`."""
+        if isinstance(v, list | tuple):
+            if len(v) != 2:
+                raise ValueError(f"a contrast is [A, B], got {list(v)}")
+            return {"a": v[0], "b": v[1]}
+        return v
+
+
+class ReportSpec(BaseModel):
+    """What `teamrl report` compares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field("success", description="the per-question metric compared (an episode metric; 1/0 or a score)")
+    also: list[str] = Field([], description="more per-question metrics shown before -> after training")
+    groups: list[str] = Field(
+        [], description="per-question 0/1 metrics that mark a group of questions: the metric on each group"
+    )
 
 
 class SweepSpec(BaseModel):
@@ -31,9 +64,10 @@ class SweepSpec(BaseModel):
         ..., min_length=1, description="variant name -> its key=value overrides (an empty list: the base itself)"
     )
     seeds: list[int] = Field(..., min_length=1, description="training seeds; each variant runs once per seed")
-    contrasts: list[tuple[str, str]] = Field(
+    contrasts: list[Contrast] = Field(
         [], description="variant pairs [A, B] the report compares as A − B, paired by seed and question"
     )
+    report: ReportSpec = Field(ReportSpec(), description="what `teamrl report` compares")
     iterations: int | None = Field(None, ge=1, description="training iterations of every run (default: the base's)")
     eval_every: int | None = Field(
         None, ge=0, description="held-out evaluation every this-many iterations (default: the base's)"
@@ -43,7 +77,6 @@ class SweepSpec(BaseModel):
         description="more held-out sets, name -> a JSONL problem file (relative to the sweep file), played "
         "greedily by each run's final team as `teamrl eval RUN --problems FILE` does",
     )
-    metric: str = Field("success", description="the per-question metric the report compares (an episode metric)")
     runs_dir: str = Field("runs", description="folder the runs are trained in (and the MLflow database)")
     records: str | None = Field(
         None, description="folder of the per-run records (default: records/<name> beside the sweep file)"
@@ -67,10 +100,11 @@ class SweepSpec(BaseModel):
 
         bad = [v for v in self.variants if not re.match(NAME, v)]
         if bad:
-            raise ValueError(f"variant names are lowercase letters, digits and dashes: {bad}")
+            raise ValueError(f"variant names are lowercase letters, digits, dots and dashes: {bad}")
         if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ValueError(f"seeds must be distinct and >= 0, got {self.seeds}")
-        for a, b in self.contrasts:
+        for c in self.contrasts:
+            a, b = c.a, c.b
             if a == b or a not in self.variants or b not in self.variants:
                 raise ValueError(f"contrast [{a}, {b}]: two different variants of {sorted(self.variants)}")
         for where, items in [("set", self.set), *((f"variants.{v}", s) for v, s in self.variants.items())]:

@@ -69,6 +69,12 @@ class DeepResearch(PipelineBase):
     def stop(self, agent: str) -> tuple[str, ...]:
         return tuple(self.cfg.stop)
 
+    @staticmethod
+    def group_of(problem: Problem) -> str:
+        """The kind of the question's answer (corpus.answer_kind: `year` or `name`): the untrained team and
+        training treat the two very differently, so held-out success is also reported per kind."""
+        return corpus.answer_kind(str(problem.answer))
+
     def __init__(self, cfg: DeepResearchConfig, seed: int):
         self.cfg, self.seed = cfg, seed
         self.agents = [
