@@ -8,9 +8,10 @@
     item        heldout and problem sets: the question's task_id; train: empty
     metric      heldout and problem sets: `success` (1/0, empty where an infrastructure fault hit the
                 episode), the pipeline's per-episode metrics, and `group/<group>` = 1 where the pipeline
-                groups its problems (Pipeline.group_of: DSBench's dataset, DeepResearch's answer kind); train: the iteration's metrics as MLflow
-                logs them (flows/metrics.py: success_rate, coach_score/<agent>, stage/certificate, ...)
-                but wall-clock ones (`seconds/*`, `*_per_s`), and `episodes`
+                groups its problems (Pipeline.group_of: DSBench's dataset, DeepResearch's answer kind);
+                train: the iteration's metrics as MLflow logs them (flows/metrics.py: success_rate,
+                coach_score/<agent>, stage/certificate, ...) but wall-clock ones (`seconds/*`, `*_per_s`),
+                and `episodes`
     value       the number
 
 `<records>/<variant>-s<seed>.json`: how it was made (RECORD_VERSION, the sweep, the run's overrides, the
