@@ -1,6 +1,8 @@
-"""prefect.yaml, generated from the presets: a `train` deployment per preset (its parameters are the preset's
-RunConfig, which the Prefect UI renders as a form), plus `evaluate` and `align`, all on one process work
-pool. Regenerate after changing a preset (a test checks the file is current):
+"""prefect.yaml, generated from the presets and the sweep files: a `train` deployment per preset (its
+parameters are the preset's RunConfig, which the Prefect UI renders as a form), `train/sweep-run` (the train
+flow for a sweep's runs), a `sweep` deployment per experiments/*.yaml (its form: the SweepSpec), and
+`evaluate` and `align`, all on one process work pool. Regenerate after changing a preset or a sweep file (a
+test checks the file is current):
 
     .venv/bin/python -m flows.deployments > prefect.yaml
 
@@ -10,10 +12,14 @@ pool. Regenerate after changing a preset (a test checks the file is current):
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import yaml
 
 from flows.config import load_config, preset_names
+from flows.sweep_spec import load_sweep
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 POOL = "teamrl-process"
 ENV = {"HF_HUB_OFFLINE": "1", "TEAMRL_PROGRESS": "0"}  # offline models; progress goes to Prefect artifacts
@@ -33,6 +39,11 @@ def _preset_parameters(preset: str) -> dict:
     params = cfg.model_dump(mode="json", exclude_defaults=True)
     params.setdefault("pipeline", {})["name"] = cfg.pipeline.name
     return params
+
+
+def sweep_files() -> list[str]:
+    """The sweep files of experiments/, as paths relative to the repository (where flow runs start)."""
+    return sorted(f"experiments/{p.name}" for p in EXPERIMENTS.glob("*.yaml"))
 
 
 def _deployment(name: str, entrypoint: str, description: str, parameters: dict | None = None, **extra) -> dict:
@@ -62,6 +73,25 @@ def deployments() -> list[dict]:
                 "preset; every field of the form can be changed per run.",
                 {"config": _preset_parameters(p)},
                 **schedule,
+            )
+        )
+    out.append(
+        _deployment(
+            "sweep-run",
+            "flows/train.py:train",
+            "The train flow with no preset of its own: a sweep with `deployment: train/sweep-run` starts one "
+            "flow run of it per (variant, seed), with that run's whole config.",
+        )
+    )
+    for f in sweep_files():
+        spec = load_sweep(f)
+        out.append(
+            _deployment(
+                spec.name,
+                "flows/sweep.py:sweep",
+                f"The sweep {f} (`teamrl sweep {f}`): every variant on every seed, each a train flow run under "
+                "this one; every field of the form can be changed per run.",
+                {"spec": spec.model_dump(mode="json", exclude_defaults=True) | {"name": spec.name}},
             )
         )
     out.append(

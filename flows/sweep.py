@@ -6,15 +6,14 @@ sweep killed at any point and started again redoes no finished stage. When a run
 plays the sweep's extra problem sets, and its record is written (flows/sweep_record.py): that record is
 what `teamrl report` reads, and what a lab commits as the run's result.
 
-In this process the runs train one after another, as sub-flow runs. With `pool`, each becomes a flow run
-of a `train` deployment that the pool's workers pick up, at most `concurrency` at once (a Prefect global
-concurrency limit, `sweep-<name>`), and the parent waits for them.
+In this process the runs train one after another, as sub-flow runs. With `deployment`, each becomes a flow
+run of that train deployment, which its work pool's workers pick up, at most `concurrency` at once (a Prefect
+global concurrency limit, `sweep-<name>`), and the parent waits for them.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -28,8 +27,6 @@ from infra import runs
 from infra.errors import UsageError
 from infra.tracking import Tracker
 from tasks import context
-
-POOL_DEPLOYMENT = "train/sweep-run"  # flows/deployments.py: the train flow with no preset of its own
 
 
 def sweep_folder(spec: SweepSpec) -> Path:
@@ -87,17 +84,19 @@ def play_problem_sets(spec: SweepSpec, run_dir: Path) -> dict[str, Path]:
 
 
 def train_in_pool(spec: SweepSpec, variant: str, seed: int, parent: str | None) -> None:
-    """Run (variant, seed) as a flow run of the pool's train deployment and wait for it, holding one slot of
+    """Run (variant, seed) as a flow run of the sweep's train deployment and wait for it, holding one slot of
     the sweep's concurrency limit meanwhile."""
     from prefect.concurrency.sync import concurrency
     from prefect.deployments import run_deployment
 
     cfg = spec.run_config(variant, seed, parent)
     run_dir = Path(spec.runs_dir) / cfg.run.id
+    while runs.is_locked(run_dir):  # a flow run an earlier sweep started still trains it: let it end first
+        time.sleep(10)
     resume = cfg.run.id if (run_dir / "config.yaml").exists() else None
     with concurrency(f"sweep-{spec.name}", occupy=1, strict=True):
         fr = run_deployment(
-            POOL_DEPLOYMENT,
+            spec.deployment,
             parameters={"config": cfg.model_dump(mode="json"), "resume": resume},
             flow_run_name=f"train-{cfg.pipeline.name}-{cfg.run.id}",
             tags=["teamrl", f"sweep:{spec.name}"],
@@ -129,13 +128,17 @@ def run_cell(spec: SweepSpec, variant: str, seed: int, parent: str | None) -> st
     if resumed:
         check_same_config(spec, variant, seed, run_dir)
     t0 = time.perf_counter()
-    if spec.pool:
+    if spec.deployment:
         train_in_pool(spec, variant, seed, parent)
     else:
         cfg = spec.run_config(variant, seed, parent)
         train_flow(config=cfg, resume=cfg.run.id if resumed else None)
     finish_run(spec, variant, seed, time.perf_counter() - t0, resumed)
     return "resumed" if resumed else "trained"
+
+
+# with a deployment, each run waits for its flow run in a thread of the flow's task runner
+pooled_cell = task(run_cell, name="run", task_run_name="run-{variant}-s{seed}")
 
 
 def _sweep_run_name() -> str:
@@ -150,15 +153,16 @@ def sweep(spec: SweepSpec) -> dict[str, str]:
     """Train every (variant, seed) of the sweep, seed by seed, each as its own train flow run; run id ->
     what happened to it (trained, resumed, skipped)."""
     Path(spec.runs_dir).mkdir(parents=True, exist_ok=True)
+    if spec.deployment:  # the workers start in their own folder: they must find the runs where this process does
+        spec = spec.model_copy(update={"runs_dir": str(Path(spec.runs_dir).resolve())})
     tracker = parent_tracker(spec)
     parent = tracker.run_id if tracker.enabled else None
     done: dict[str, str] = {}
     try:
-        if spec.pool:
+        if spec.deployment:
             ensure_limit(spec)
-            with ThreadPoolExecutor(spec.concurrency) as pool:
-                futures = {spec.run_id(v, s): pool.submit(run_cell, spec, v, s, parent) for v, s in spec.cells()}
-                done = {rid: f.result() for rid, f in futures.items()}
+            futures = {spec.run_id(v, s): pooled_cell.submit(spec, v, s, parent) for v, s in spec.cells()}
+            done = {rid: f.result() for rid, f in futures.items()}
         else:
             for v, s in spec.cells():
                 done[spec.run_id(v, s)] = run_cell(spec, v, s, parent)
@@ -203,15 +207,9 @@ def report(spec: SweepSpec, out: str, file: str | None = None) -> list[str]:
 def ensure_limit(spec: SweepSpec) -> None:
     """The global concurrency limit `sweep-<name>` at `concurrency` slots (made or updated)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 
-    name = f"sweep-{spec.name}"
     with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=spec.concurrency))
-        except Exception:  # not there yet
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=spec.concurrency))
+        client.upsert_global_concurrency_limit_by_name(f"sweep-{spec.name}", spec.concurrency)
 
 
 def status_rows(spec: SweepSpec) -> list[dict]:

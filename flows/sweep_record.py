@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def record_paths(spec: SweepSpec, variant: str, seed: int) -> tuple[Path, Path]:
-    stem = spec.records_dir() / f"{variant}-s{seed}"
-    return stem.with_suffix(".csv"), stem.with_suffix(".json")
+    stem = f"{variant}-s{seed}"  # a variant name may hold dots: no with_suffix here
+    return spec.records_dir() / f"{stem}.csv", spec.records_dir() / f"{stem}.json"
 
 
 def question_rows(run_dir: Path, split: str, iteration: int | None = None) -> list[tuple]:
@@ -159,7 +159,7 @@ def read_record(csv: Path) -> pd.DataFrame:
     df = pd.read_csv(csv, dtype={"item": str}, keep_default_na=False, na_values={"value": [""]})
     if list(df.columns) != RECORD_COLUMNS:
         raise UsageError(f"{csv}: not a run record (columns {list(df.columns)}, expected {RECORD_COLUMNS})")
-    meta = csv.with_suffix(".json")
+    meta = csv.with_name(csv.name.removesuffix(".csv") + ".json")
     version = json.loads(meta.read_text()).get("record_version") if meta.exists() else None
     if version != RECORD_VERSION:
         raise UsageError(f"{csv}: record version {version}, this teamrl reads version {RECORD_VERSION}")

@@ -84,6 +84,12 @@ def signed(x: float) -> str:
     return "-" if np.isnan(x) else f"{x:+.2f}"
 
 
+def mean_sd(summary: dict) -> str:
+    """A difference's mean ± sd over seeds (the mean alone for one seed)."""
+    sd = summary["sd"]
+    return signed(summary["mean"]) + ("" if np.isnan(sd) else f" ± {sd:.2f}")
+
+
 def interval(lo: float, hi: float) -> str:
     return "-" if np.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]"
 
@@ -115,9 +121,9 @@ class Difference:
         d = self.diffs
         lo, hi = t_interval(d)
         _, blo, bhi = seed_bootstrap(self.per_seed) if len(d) else (np.nan, np.nan, np.nan)
-        poi = (
+        poi = (  # over one seed it could only be 0, 1/2 or 1
             float(rl.probability_of_improvement(np.array(self.a)[:, None], np.array(self.b)[:, None]))
-            if len(d)
+            if len(d) > 1
             else np.nan
         )
         mean = float(d.mean()) if len(d) else np.nan
@@ -152,7 +158,8 @@ def gain(rec: Records, variant: str, metric: str) -> Difference:
         if len(its) < 2:
             continue
         after, before = (rec.questions(variant, s, HELDOUT, i, metric) for i in (its[-1], its[0]))
-        seeds.append(s), a.append(after.mean()), b.append(before.mean()), per.append(paired(after, before))
+        if (d := paired(after, before)).size:
+            seeds.append(s), a.append(after.mean()), b.append(before.mean()), per.append(d)
     return Difference(seeds, a, b, per)
 
 
@@ -167,7 +174,9 @@ def contrast(rec: Records, c: Contrast, split: str, metric: str) -> tuple[Differ
             continue
         it = common[-1]
         x, y = rec.questions(c.a, s, split, it, metric), rec.questions(c.b, s, split, it, metric)
-        seeds.append(s), a.append(x.mean()), b.append(y.mean()), per.append(paired(x, y)), its.add(it)
+        if not (d := paired(x, y)).size:  # no question measured in both: nothing to pair on this seed
+            continue
+        seeds.append(s), a.append(x.mean()), b.append(y.mean()), per.append(d), its.add(it)
     return Difference(seeds, a, b, per), (its.pop() if len(its) == 1 else None)
 
 
@@ -200,9 +209,13 @@ def variant_rows(rec: Records) -> tuple[list[dict], list[str]]:
         row = {
             "variant": v,
             "seeds": seed_list(seeds),
-            f"held-out {m} by iteration": ", ".join(f"{i}: {pm(x)}" for i, x in by_it.items()),
+            f"held-out {m} by iteration": ", ".join(
+                f"{i}: {pm(x)}" + (f" ({len(x)} of {len(seeds)} seeds)" if 1 < len(x) < len(seeds) else "")
+                for i, x in by_it.items()
+            ),
             "final per seed": ", ".join(f"s{s}: {q.mean():.2f}" for s, q in finals.items()),
-            "gain [t 95%]": f"{signed(g['mean'])} {interval(g['t_low'], g['t_high'])}",
+            "gain (t 95%; bootstrap 95%)": f"{signed(g['mean'])} ({interval(g['t_low'], g['t_high'])}; "
+            f"{interval(g['boot_low'], g['boot_high'])})",
         }
         for name in spec.problems:
             row[f"{name} final"] = pm(
@@ -229,7 +242,7 @@ def variant_rows(rec: Records) -> tuple[list[dict], list[str]]:
 
 def group_values(rec: Records, v: str, s: int, i: int, metric: str, group: str) -> pd.Series:
     marks = rec.questions(v, s, HELDOUT, i, group)
-    return rec.questions(v, s, HELDOUT, i, metric)[marks[marks == 1].index.intersection(marks.index)]
+    return rec.questions(v, s, HELDOUT, i, metric).reindex(marks[marks == 1].index)
 
 
 def before_after(rec: Records, v: str, seeds: list[int], values) -> str:
@@ -308,7 +321,7 @@ def build(spec: SweepSpec, file: str) -> Report:
                         f"s{int(x.seed)}: {x.a:.2f} / {x.b:.2f} / {x.difference:+.2f}" for x in ps.itertuples()
                     )
                     or "-",
-                    "mean ± sd": f"{signed(r['mean'])} ± {r['sd']:.2f}" if not np.isnan(r["sd"]) else signed(r["mean"]),
+                    "mean ± sd": mean_sd(r),
                     "seed-level 95% (t)": interval(r["t_low"], r["t_high"]),
                     "seed × question bootstrap 95%": interval(r["boot_low"], r["boot_high"]),
                     "P(A > B)": "-" if np.isnan(r["p_improvement"]) else f"{r['p_improvement']:.2f}",
@@ -324,12 +337,25 @@ def build(spec: SweepSpec, file: str) -> Report:
                     {
                         "claim": c.claim,
                         "paper": c.paper,
-                        "here": f"{signed(r['mean'])} ± {r['sd']:.2f} held-out {m}, "
+                        "here": f"{mean_sd(r)} held-out {m}, "
                         f"{interval(r['t_low'], r['t_high'])} (seeds {seed_list(list(seeds))})",
                         "verdict": r["verdict"],
                         "sweep": spec.name,
                     }
                 )
+    for gc in spec.report.gains:
+        g = gain(rec, gc.variant, m)
+        r = g.summary()
+        claims.append(
+            {
+                "claim": gc.claim,
+                "paper": gc.paper,
+                "here": f"{mean_sd(r)} held-out {m} after training, "
+                f"{interval(r['t_low'], r['t_high'])} (seeds {seed_list(g.seeds)})",
+                "verdict": r["verdict"],
+                "sweep": spec.name,
+            }
+        )
     lines += ["", "![learning curves](curves.png)", ""]
     if len(summary):
         lines += ["![contrasts](forest.png)", ""]
@@ -354,7 +380,8 @@ def curves(rec: Records) -> pd.DataFrame:
     """Per variant, seed and iteration: the held-out metric (mean over questions) and training success."""
     m = rec.spec.report.metric
     rows = []
-    for (v, s), _ in sorted(rec.tables.items()):
+    order = list(rec.spec.variants)
+    for (v, s), _ in sorted(rec.tables.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
         for i in rec.iterations(v, s, HELDOUT):
             rows.append(
                 {

@@ -39,6 +39,16 @@ class Contrast(BaseModel):
         return v
 
 
+class GainClaim(BaseModel):
+    """A claim that training a variant improves it (final − untrained, paired by question): a claims-table row."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str = Field(..., description="the variant whose gain the claim is about")
+    claim: str = Field(..., description="the claim, in words")
+    paper: str = Field("", description="where the claim comes from")
+
+
 class ReportSpec(BaseModel):
     """What `teamrl report` compares."""
 
@@ -49,6 +59,7 @@ class ReportSpec(BaseModel):
     groups: list[str] = Field(
         [], description="per-question 0/1 metrics that mark a group of questions: the metric on each group"
     )
+    gains: list[GainClaim] = Field([], description="claims that training a variant improves it (claims table)")
 
 
 class SweepSpec(BaseModel):
@@ -84,13 +95,14 @@ class SweepSpec(BaseModel):
     concurrency: int = Field(
         1,
         ge=1,
-        description="runs trained at once; above 1 the runs go to the work pool `pool` (one process runs one)",
+        description="runs trained at once; above 1 the runs go to `deployment`, whose workers train one each",
     )
-    pool: str | None = Field(
+    deployment: str | None = Field(
         None,
-        description="a Prefect work pool (`make server`: teamrl-process): each run becomes a flow run of the "
-        "deployment `train/<pool deployment>` a worker picks up, at most `concurrency` at a time; "
-        "unset: runs are trained in this process, one after another",
+        description="a deployment of the train flow (`make server` deploys `train/sweep-run` on its work pool): "
+        "each run becomes a flow run of it that the pool's workers pick up, at most `concurrency` at a time "
+        "(a Prefect global concurrency limit `sweep-<name>`); the runs folder must be one path the workers "
+        "share. Unset: the runs train in this process, one after another",
     )
     note: str = Field("", description="recorded with each run: e.g. what else shared the machine")
 
@@ -111,8 +123,10 @@ class SweepSpec(BaseModel):
             owned = [k for k, _, _ in parse_overrides(items) if k in OWNED]
             if owned:
                 raise ValueError(f"{where}: {', '.join(owned)} are set by the sweep for each run")
-        if self.concurrency > 1 and not self.pool:
-            raise ValueError("concurrency > 1 needs `pool`: runs in this process train one after another")
+        if unknown := [g.variant for g in self.report.gains if g.variant not in self.variants]:
+            raise ValueError(f"report.gains: no variant {unknown[0]!r} in {sorted(self.variants)}")
+        if self.concurrency > 1 and not self.deployment:
+            raise ValueError("concurrency > 1 needs `deployment`: runs in this process train one after another")
         return self
 
     def run_id(self, variant: str, seed: int) -> str:

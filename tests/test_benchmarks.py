@@ -251,44 +251,6 @@ def test_coach_serving_benchmark_sends_the_same_chats_to_both_servers():
 
 
 @pytest.mark.slow
-def test_a_killed_driver_takes_its_training_run_with_it(tmp_path):
-    """benchmarks' `teamrl(...)` (strategies.py, coach_evidence.py): a driver killed mid-run leaves no
-    `teamrl train` behind holding the run's lock, so the same command resumes it."""
-    import signal
-    import subprocess
-    import time
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks.coach_evidence import teamrl; "
-        "teamrl('train', 'tiny', '--set', 'run.dir=' + sys.argv[2], '--set', 'run.id=k')"
-    )
-    driver = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path)], stdout=subprocess.DEVNULL)
-
-    def trainers() -> list[int]:
-        out = subprocess.run(["pgrep", "-f", f"run.dir={tmp_path}"], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split() if int(p) != driver.pid]
-
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "k" / "config.yaml").exists():  # the run has started and holds its lock
-            assert driver.poll() is None and time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.2)
-        assert trainers()
-        driver.kill()
-        driver.wait()
-        deadline = time.monotonic() + 30
-        while trainers() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not trainers(), "the training run outlived its killed driver"
-    finally:
-        driver.kill()
-        for pid in trainers():
-            os.kill(pid, signal.SIGKILL)
-
-
-@pytest.mark.slow
 def test_gpu_probe_runs_its_smoke_shape_on_the_cpu(tmp_path, monkeypatch):
     """benchmarks/gpu_probe.py at `--shape smoke`: the MathChat turn order through the hf engine (each
     agent's prompts carry the turns before), one update per agent and one full-weight update, written out."""

@@ -193,3 +193,49 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     _wait(lambda: "coach" in body() and "python" in body(), 60, "the turn's coach feedback and its tool")
     browser.save_screenshot(str(tmp_path / "mlflow-trace.png"))
     assert (tmp_path / "mlflow-trace.png").stat().st_size > 10_000
+
+
+def test_run_the_sweep_deployment_from_the_prefect_ui_and_see_its_runs_under_it(stack, browser, tmp_path):
+    """sweep/tiny-sweep from its form, its runs sent to the work pool (deployment train/sweep-run, two at a
+    time): the parent flow run completes, and its page lists the four train flow runs as its sub-flow runs."""
+    import json
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+
+    body = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
+    with urllib.request.urlopen(f"{stack['prefect']}/api/deployments/name/sweep/tiny-sweep", timeout=30) as resp:
+        deployment_id = json.load(resp)["id"]
+    earlier = _flow_runs_of(stack["prefect"], deployment_id)
+    browser.get(f"{stack['prefect']}/deployments/deployment/{deployment_id}/run")
+    _wait(lambda: "Runs Dir (Optional)" in body(), 120, "the sweep's run form")
+    runs, records = stack["runs"] / "sweep", tmp_path / "records"
+    _type(_field(browser, "Runs Dir (Optional)"), str(runs))
+    _type(_field(browser, "Records (Optional)"), str(records))
+    _type(_field(browser, "Deployment (Optional)"), "train/sweep-run")
+    _type(_field(browser, "Concurrency (Optional)"), "2")
+    browser.find_element(By.XPATH, "//button[@type='submit' and normalize-space()='Submit']").click()
+
+    def new_run():
+        new = _flow_runs_of(stack["prefect"], deployment_id) - earlier
+        return new.pop() if len(new) == 1 else None
+
+    parent = _wait(new_run, 180, "the sweep's flow run")
+    browser.get(f"{stack['prefect']}/runs/flow-run/{parent}")
+
+    def state():
+        badges = browser.find_elements(By.CSS_SELECTOR, ".page-heading .state-badge")
+        text = badges[0].text.strip() if badges else ""
+        return text if text in ("Completed", "Failed", "Crashed", "Cancelled") else None
+
+    assert _wait(state, 1500, "the sweep to finish", 5) == "Completed", body()[:3000]
+    assert sorted(p.name for p in records.glob("*.csv")) == [
+        "blind-s0.csv",
+        "blind-s1.csv",
+        "joint-s0.csv",
+        "joint-s1.csv",
+    ]
+    browser.get(f"{stack['prefect']}/runs/flow-run/{parent}?tab=Subflow+Runs")
+    names = [f"train-mathchat-tiny-sweep-{v}-s{s}" for s in (0, 1) for v in ("joint", "blind")]
+    _wait(lambda: all(n in body() for n in names), 120, "the sweep's train runs listed under it")
+    browser.save_screenshot(str(tmp_path / "prefect-sweep.png"))

@@ -1,5 +1,6 @@
-"""prefect.yaml: generated from the presets, one train deployment per preset whose parameters are that
-preset's config exactly, plus evaluate and align, on the process work pool."""
+"""prefect.yaml: generated from the presets and experiments/, one train deployment per preset whose
+parameters are that preset's config exactly, train/sweep-run, one sweep deployment per sweep file whose
+parameters are that file's SweepSpec exactly, plus evaluate and align, on the process work pool."""
 
 from pathlib import Path
 
@@ -7,7 +8,8 @@ import pytest
 import yaml
 
 from flows.config import RunConfig, load_config, preset_names
-from flows.deployments import POOL, render
+from flows.deployments import POOL, render, sweep_files
+from flows.sweep_spec import SweepSpec, load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +23,14 @@ def test_prefect_yaml_is_generated_from_the_current_presets():
 def test_each_preset_deployment_carries_exactly_that_preset():
     doc = yaml.safe_load(render())
     deps = {d["name"]: d for d in doc["deployments"]}
-    assert set(deps) == {*preset_names(), "evaluate", "align"}
+    sweeps = {load_sweep(f).name: f for f in sweep_files()}
+    assert set(sweeps) and not set(sweeps) & set(preset_names())  # one name, one deployment in the UI's list
+    assert set(deps) == {*preset_names(), "sweep-run", *sweeps, "evaluate", "align"}
+    for name, f in sweeps.items():
+        d = deps[name]
+        assert d["entrypoint"] == "flows/sweep.py:sweep" and d["work_pool"]["name"] == POOL
+        assert SweepSpec.model_validate(d["parameters"]["spec"]) == load_sweep(f)
+    assert deps["sweep-run"]["entrypoint"] == "flows/train.py:train" and "parameters" not in deps["sweep-run"]
     for p in preset_names():
         d = deps[p]
         assert d["entrypoint"] == "flows/train.py:train" and d["work_pool"]["name"] == POOL
@@ -42,10 +51,12 @@ def test_each_deployments_parameters_meet_the_json_schema_prefect_enforces():
     included (tests/quiz_plugin.py's section matches only that one)."""
     import jsonschema
 
-    schema = RunConfig.model_json_schema()
+    schema, sweep_schema = RunConfig.model_json_schema(), SweepSpec.model_json_schema()
     for d in yaml.safe_load(render())["deployments"]:
-        if "parameters" in d:
+        if "config" in d.get("parameters", {}):
             jsonschema.validate(d["parameters"]["config"], schema)
+        if "spec" in d.get("parameters", {}):
+            jsonschema.validate(d["parameters"]["spec"], sweep_schema)
     jsonschema.validate({"pipeline": {"name": "quiz", "eval_size": 3}}, schema)
     with pytest.raises(jsonschema.ValidationError):  # not taken for a registered pipeline's section either
         jsonschema.validate({"pipeline": {"name": "mathchat", "families": "not a list"}}, schema)
