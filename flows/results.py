@@ -42,6 +42,9 @@ def claims_table(all_reports: dict[str, Report]) -> str:
         for c in r.claims:
             link = f"[{name}]({PUBLISHED / name / 'report.md'})"
             lines.append(f"| {c['claim']} | {c['paper']} | {c['here']} | {c['verdict']} | {link} |")
+    rows = [c for r in all_reports.values() for c in r.claims]
+    shown = sum(c["verdict"] == "shown" for c in rows)
+    lines += ["", f"{shown} of {len(rows)} claims shown by the rule at this scale."]
     return "\n".join([*lines, "", END])
 
 

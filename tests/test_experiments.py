@@ -140,3 +140,11 @@ def test_dsbench_reproduces_the_published_table():
     assert unseen["wall per run (min)"] == "102 ± 2"
     assert gain("dsbench-unseen", "unseen") == "+0.62 [+0.48, +0.77]"
     assert "2 of 2 runs recorded" in report("dsbench-unseen").markdown
+
+
+def test_the_published_reports_and_the_readme_claims_table_are_generated_from_the_records(tmp_path, monkeypatch):
+    from flows import results
+
+    monkeypatch.chdir(ROOT)
+    assert results.stale(tmp_path) == [], "stale: run `.venv/bin/python -m flows.results`"
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150

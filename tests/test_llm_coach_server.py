@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server():
     model_dir = smollm2_dir()
-    port = free_port()  # a port given, as a sweep file gives the coach its base_url port (experiments/coaches-2026-11.yaml)
+    port = free_port()  # a port given, as a sweep file gives its coach's base_url one
     try:
         with transformers_serve(model_dir, port=port) as url:
             assert url == f"http://127.0.0.1:{port}/v1"
