@@ -1,7 +1,7 @@
 """The sweep files of experiments/: every one loads (each run's config validates), and the legacy families'
-records (experiments/records/*-2026-11, converted from the figures the hand-built runners of benchmarks/
-committed) give `teamrl report` the numbers benchmarks/README.md publishes, printed the same way. Reads only
-the records: no training, no Prefect server."""
+records (experiments/records/*-2026-11, converted from the figures the removed hand-built runners of
+benchmarks/ committed) give `teamrl report` the numbers those runners printed (now archived in
+docs/results/legacy-tables.md), printed the same way. Reads only the records: no training, no Prefect server."""
 
 from pathlib import Path
 
@@ -55,7 +55,7 @@ def gain(name: str, v: str) -> str:
     return boot(sweep_report.gain(sweep_report.Records.load(spec), v, spec.report.metric).summary())
 
 
-# --- benchmarks/README.md "TeamTR ablations over seeds" and "Coaching with and without the answer" ----------
+# --- legacy-tables.md: "TeamTR ablations over seeds" and "Coaching with and without the answer" ---------------
 
 
 def test_teamtr_ablations_reproduce_the_published_table():
