@@ -12,59 +12,22 @@ within each, questions, and rliable's probability of improvement P(A > B) over s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from flows.sweep_record import read_record, record_paths
-from flows.sweep_spec import Contrast, SweepSpec
-from tasks.evaluation import MIN_SEEDS, clopper_pearson, seed_bootstrap, t_interval, verdict
+from flows.sweep_compare import HELDOUT, Records, contrast, final_iteration, gain, group_values
+from flows.sweep_plots import plot_curves, plot_forest
+from flows.sweep_spec import SweepSpec
+from tasks.evaluation import MIN_SEEDS, clopper_pearson
 
-HELDOUT = "heldout"
 VERDICT_RULE = (
     f"A difference is **shown** only with at least {MIN_SEEDS} seeds and a seed-level 95% interval "
     "(Student-t over the per-seed differences) that excludes 0; `shown reversed` where it lies below 0; "
     "otherwise `not settled`, or `not shown` where the estimate is <= 0."
 )
-
-
-@dataclass
-class Records:
-    """The sweep's recorded runs: (variant, seed) -> record table, and -> its provenance."""
-
-    spec: SweepSpec
-    tables: dict[tuple[str, int], pd.DataFrame] = field(default_factory=dict)
-    meta: dict[tuple[str, int], dict] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, spec: SweepSpec) -> Records:
-        out = cls(spec)
-        for v, s in spec.cells():
-            csv, js = record_paths(spec, v, s)
-            if csv.exists():
-                out.tables[(v, s)] = read_record(csv)
-                out.meta[(v, s)] = json.loads(js.read_text())
-        return out
-
-    def seeds(self, variant: str) -> list[int]:
-        return [s for v, s in self.tables if v == variant]
-
-    def questions(self, variant: str, seed: int, split: str, iteration: int, metric: str) -> pd.Series:
-        """task_id -> the metric of that question (NaN: not measured), at one iteration of one split."""
-        df = self.tables[(variant, seed)]
-        sel = df[(df["split"] == split) & (df["iteration"] == iteration) & (df["metric"] == metric)]
-        return sel.set_index("item")["value"].astype(float)
-
-    def iterations(self, variant: str, seed: int, split: str) -> list[int]:
-        df = self.tables[(variant, seed)]
-        return sorted(int(i) for i in df.loc[df["split"] == split, "iteration"].unique())
-
-    def train_curve(self, variant: str, seed: int, metric: str = "success_rate") -> pd.Series:
-        df = self.tables[(variant, seed)]
-        sel = df[(df["split"] == "train") & (df["metric"] == metric)]
-        return sel.set_index("iteration")["value"].astype(float)
 
 
 # --- formatting ---------------------------------------------------------------------------------------------
@@ -96,88 +59,6 @@ def interval(lo: float, hi: float) -> str:
 
 def seed_list(seeds: list[int]) -> str:
     return ", ".join(map(str, sorted(seeds))) or "none"
-
-
-# --- statistics over records --------------------------------------------------------------------------------
-
-
-@dataclass
-class Difference:
-    """A paired difference over seeds: per seed the mean over questions of x − y, with both sides' means."""
-
-    seeds: list[int]
-    a: list[float]
-    b: list[float]
-    per_seed: list[np.ndarray]  # the paired differences over questions, per seed
-
-    @property
-    def diffs(self) -> np.ndarray:
-        return np.array([d.mean() for d in self.per_seed])
-
-    def summary(self) -> dict:
-        """mean, sd, t interval, seed×question bootstrap, P(A > B) and the verdict."""
-        from rliable import metrics as rl
-
-        d = self.diffs
-        lo, hi = t_interval(d)
-        _, blo, bhi = seed_bootstrap(self.per_seed) if len(d) else (np.nan, np.nan, np.nan)
-        poi = (  # over one seed it could only be 0, 1/2 or 1
-            float(rl.probability_of_improvement(np.array(self.a)[:, None], np.array(self.b)[:, None]))
-            if len(d) > 1
-            else np.nan
-        )
-        mean = float(d.mean()) if len(d) else np.nan
-        sd = float(d.std(ddof=1)) if len(d) > 1 else np.nan
-        return {
-            "seeds": len(d),
-            "mean": mean,
-            "sd": sd,
-            "t_low": lo,
-            "t_high": hi,
-            "boot_low": blo,
-            "boot_high": bhi,
-            "p_improvement": poi,
-            "verdict": verdict(len(d), mean, lo, hi) if len(d) else "no runs",
-        }
-
-
-def paired(x: pd.Series, y: pd.Series) -> np.ndarray:
-    """x[q] − y[q] over the questions q measured in both."""
-    return (x - y).dropna().to_numpy(dtype=float)
-
-
-def final_iteration(rec: Records, variant: str, seed: int) -> int:
-    return rec.iterations(variant, seed, HELDOUT)[-1]
-
-
-def gain(rec: Records, variant: str, metric: str) -> Difference:
-    """Final − untrained on the held-out split, per seed, paired by question."""
-    seeds, a, b, per = [], [], [], []
-    for s in rec.seeds(variant):
-        its = rec.iterations(variant, s, HELDOUT)
-        if len(its) < 2:
-            continue
-        after, before = (rec.questions(variant, s, HELDOUT, i, metric) for i in (its[-1], its[0]))
-        if (d := paired(after, before)).size:
-            seeds.append(s), a.append(after.mean()), b.append(before.mean()), per.append(d)
-    return Difference(seeds, a, b, per)
-
-
-def contrast(rec: Records, c: Contrast, split: str, metric: str) -> tuple[Difference, int | None]:
-    """A − B on one split at the final iteration both ran to, over the seeds both have; and that iteration
-    (None where the seeds' final iterations differ)."""
-    seeds, a, b, per, its = [], [], [], [], set()
-    for s in sorted(set(rec.seeds(c.a)) & set(rec.seeds(c.b))):
-        ia, ib = rec.iterations(c.a, s, split), rec.iterations(c.b, s, split)
-        common = sorted(set(ia) & set(ib))
-        if not common:
-            continue
-        it = common[-1]
-        x, y = rec.questions(c.a, s, split, it, metric), rec.questions(c.b, s, split, it, metric)
-        if not (d := paired(x, y)).size:  # no question measured in both: nothing to pair on this seed
-            continue
-        seeds.append(s), a.append(x.mean()), b.append(y.mean()), per.append(d), its.add(it)
-    return Difference(seeds, a, b, per), (its.pop() if len(its) == 1 else None)
 
 
 # --- the report ---------------------------------------------------------------------------------------------
@@ -238,11 +119,6 @@ def variant_rows(rec: Records) -> tuple[list[dict], list[str]]:
                 lo, hi = clopper_pearson(int(q.sum()), len(q))
                 exact.append(f"{v} seed {s}: {int(q.sum())} of {len(q)}, exact 95% interval [{lo:.2f}, {hi:.2f}]")
     return rows, exact
-
-
-def group_values(rec: Records, v: str, s: int, i: int, metric: str, group: str) -> pd.Series:
-    marks = rec.questions(v, s, HELDOUT, i, group)
-    return rec.questions(v, s, HELDOUT, i, metric).reindex(marks[marks == 1].index)
 
 
 def before_after(rec: Records, v: str, seeds: list[int], values) -> str:
@@ -395,58 +271,6 @@ def curves(rec: Records) -> pd.DataFrame:
         for i, x in rec.train_curve(v, s).items():
             rows.append({"variant": v, "seed": s, "iteration": int(i), "series": "training success", "value": x})
     return pd.DataFrame(rows, columns=["variant", "seed", "iteration", "series", "value"])
-
-
-def plot_curves(df: pd.DataFrame, out: Path) -> None:
-    """Per series a panel: each variant's mean over seeds with a ± sd band, and each seed's line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = list(dict.fromkeys(df["series"])) or ["held-out"]
-    fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4), squeeze=False)
-    for ax, name in zip(axes[0], series):
-        sel = df[df["series"] == name]
-        for k, (v, g) in enumerate(sel.groupby("variant", sort=False)):
-            colour = f"C{k}"
-            for _, line in g.groupby("seed"):
-                ax.plot(line["iteration"], line["value"], color=colour, alpha=0.3, lw=0.8)
-            stat = g.groupby("iteration")["value"].agg(["mean", "std"]).fillna({"std": 0.0})
-            ax.plot(stat.index, stat["mean"], "o-", color=colour, label=f"{v} ({g['seed'].nunique()} seeds)")
-            ax.fill_between(
-                stat.index, stat["mean"] - stat["std"], stat["mean"] + stat["std"], color=colour, alpha=0.15
-            )
-        ax.set(xlabel="iteration", ylabel=name, title=name)
-        ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-
-
-def plot_forest(summary: pd.DataFrame, out: Path) -> None:
-    """Each contrast and split: the mean difference, its seed-level t interval (line) and bootstrap (ticks)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = summary.reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
-    y = np.arange(len(rows))[::-1]
-    for yi, r in zip(y, rows.itertuples()):
-        colour = "C2" if str(r.verdict).startswith("shown") else "C0"
-        if not np.isnan(r.t_low):
-            ax.plot([r.t_low, r.t_high], [yi, yi], color=colour, lw=2)
-        if not np.isnan(r.boot_low):
-            ax.plot([r.boot_low, r.boot_high], [yi, yi], "|", color="k", ms=10)
-        ax.plot([r.mean], [yi], "o", color=colour)
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(y, [f"{r.contrast} ({r.split}, {r.seeds} seeds)" for r in rows.itertuples()], fontsize=8)
-    ax.set(xlabel="difference A − B (line: seed-level t 95%; ticks: seed × question bootstrap 95%)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
 
 
 def write(report: Report, out: Path) -> list[Path]:

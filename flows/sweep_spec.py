@@ -97,12 +97,12 @@ class SweepSpec(BaseModel):
         ge=1,
         description="runs trained at once; above 1 the runs go to `deployment`, whose workers train one each",
     )
-    deployment: str | None = Field(
-        None,
+    deployment: str = Field(
+        "",
         description="a deployment of the train flow (`make server` deploys `train/sweep-run` on its work pool): "
         "each run becomes a flow run of it that the pool's workers pick up, at most `concurrency` at a time "
         "(a Prefect global concurrency limit `sweep-<name>`); the runs folder must be one path the workers "
-        "share. Unset: the runs train in this process, one after another",
+        "share. Empty: the runs train in this process, one after another",
     )
     note: str = Field("", description="recorded with each run: e.g. what else shared the machine")
 

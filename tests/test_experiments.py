@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import sweep_report
+from flows import sweep_compare, sweep_report
 from flows.sweep_spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def gain(name: str, v: str) -> str:
     """A variant's gain (final − untrained, paired by question) with its bootstrap interval, as the README
     prints it (the report's variants table prints the Student-t interval instead)."""
     spec = load_sweep(EXPERIMENTS / f"{name}.yaml")
-    return boot(sweep_report.gain(sweep_report.Records.load(spec), v, spec.report.metric).summary())
+    return boot(sweep_compare.gain(sweep_compare.Records.load(spec), v, spec.report.metric).summary())
 
 
 # --- legacy-tables.md: "TeamTR ablations over seeds" and "Coaching with and without the answer" ---------------
