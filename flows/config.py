@@ -43,6 +43,17 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any, str]]:
     return out
 
 
+def read_mapping(path: Path) -> dict:
+    """A YAML file whose top level is a mapping (a preset, a run config, a sweep file)."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
 def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
     """Load a preset by name (flows/presets/<name>.yaml) or a YAML path, then apply overrides."""
     path = Path(preset)
@@ -50,12 +61,7 @@ def load_config(preset: str, overrides: list[str] | None = None) -> RunConfig:
         path = PRESETS / f"{preset}.yaml"
         if not path.exists():
             raise ConfigError(f"no preset or YAML file {preset!r}; presets: {', '.join(preset_names())}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw = read_mapping(path)
     raw.setdefault("preset", path.stem)
     parsed = parse_overrides(overrides or [])
     for k, v, _ in parsed:

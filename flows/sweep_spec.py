@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.config import load_config, parse_overrides
+from flows.config import load_config, parse_overrides, read_mapping
 from tasks.config import ConfigError, RunConfig, validate
 
 NAME = r"^[a-z0-9][a-z0-9.-]{0,39}$"
@@ -159,12 +158,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no sweep file {str(path)!r}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw = read_mapping(path)
     here = path.parent
     if str(raw.get("base", "")).endswith((".yaml", ".yml")):
         raw["base"] = _relative_to(here, raw["base"])
