@@ -7,6 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+
+def seeds(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'}"
 
 
 def plot_curves(df: pd.DataFrame, out: Path) -> None:
@@ -25,11 +30,12 @@ def plot_curves(df: pd.DataFrame, out: Path) -> None:
             for _, line in g.groupby("seed"):
                 ax.plot(line["iteration"], line["value"], color=colour, alpha=0.3, lw=0.8)
             stat = g.groupby("iteration")["value"].agg(["mean", "std"]).fillna({"std": 0.0})
-            ax.plot(stat.index, stat["mean"], "o-", color=colour, label=f"{v} ({g['seed'].nunique()} seeds)")
+            ax.plot(stat.index, stat["mean"], "o-", color=colour, label=f"{v} ({seeds(g['seed'].nunique())})")
             ax.fill_between(
                 stat.index, stat["mean"] - stat["std"], stat["mean"] + stat["std"], color=colour, alpha=0.15
             )
         ax.set(xlabel="iteration", ylabel=name, title=name)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -44,7 +50,7 @@ def plot_forest(summary: pd.DataFrame, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = summary.reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.4))
     y = np.arange(len(rows))[::-1]
     for yi, r in zip(y, rows.itertuples()):
         colour = "C2" if str(r.verdict).startswith("shown") else "C0"
@@ -54,8 +60,8 @@ def plot_forest(summary: pd.DataFrame, out: Path) -> None:
             ax.plot([r.boot_low, r.boot_high], [yi, yi], "|", color="k", ms=10)
         ax.plot([r.mean], [yi], "o", color=colour)
     ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(y, [f"{r.contrast} ({r.split}, {r.seeds} seeds)" for r in rows.itertuples()], fontsize=8)
-    ax.set(xlabel="difference A − B (line: seed-level t 95%; ticks: seed × question bootstrap 95%)")
+    ax.set_yticks(y, [f"{r.contrast} ({r.split}, {seeds(r.seeds)})" for r in rows.itertuples()], fontsize=8)
+    ax.set(xlabel="difference A − B", title="line: seed-level t 95%; ticks: seed × question bootstrap 95%")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

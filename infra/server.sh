@@ -52,7 +52,8 @@ start() {
   launch mlflow-ui "$VENV/bin/mlflow" ui --host 127.0.0.1 --port "$MLFLOW_PORT" \
     --backend-store-uri "sqlite:///$RUNS/mlflow.db"
   wait_http "http://127.0.0.1:$MLFLOW_PORT" mlflow-ui
-  echo "Prefect UI: $PREFECT_UI_URL   (deployments: $("$VENV/bin/prefect" deployment ls 2>/dev/null | grep -c 'train/' || true) train presets + evaluate + align)"
+  local listed; listed=$("$VENV/bin/prefect" deployment ls 2>/dev/null || true)
+  echo "Prefect UI: $PREFECT_UI_URL   (deployments: $(grep -c 'train/' <<<"$listed" || true) train, $(grep -c 'sweep/' <<<"$listed" || true) sweep, evaluate, align)"
   echo "MLflow UI:  $TEAMRL_MLFLOW_UI"
   echo "CLI against this server: export PREFECT_API_URL=$PREFECT_API_URL"
   echo "stop: make server-stop"
