@@ -153,56 +153,6 @@ def test_trl_benchmark_steps_both_trainers():
     assert ours["completion tokens / step"] > 0 and theirs["completion tokens / step"] > 0
 
 
-def test_strategies_report_aggregates_seeds(tmp_path, monkeypatch):
-    """The ablation table: held-out mean ± sd over seeds, per-seed finals, regressions, resample cost and
-    certificates, from per-run CSVs."""
-    import pandas as pd
-
-    from benchmarks import strategies_report
-
-    def run(heldout, cert):
-        return pd.DataFrame(
-            {
-                "iteration": [0, 1, 2],
-                "heldout_success": [heldout[0], None, heldout[1]],
-                "heldout_ci_low": 0.0,
-                "heldout_ci_high": 1.0,
-                "train_success": [None, 0.1, 0.2],
-                "rollout_episodes": [0, 32, 32],
-                "train_episodes": [0, 40, 40],
-                "updates": [0, 3, 3],
-                "updates_skipped": 0,
-                "stage_gain": [None, 0.02, 0.03],
-                "stage_penalty": [None, 0.5, 0.6],
-                "stage_certificate": [None, cert, cert],
-                "certified_updates": [0, int(cert > 0), 0],
-                "certificates": [0, 3, 3],
-            }
-        )
-
-    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
-    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", set())
-    run((0.2, 0.4), -0.5).to_csv(tmp_path / "teamtr-s0.csv", index=False)
-    run((0.2, 0.1), 0.1).to_csv(tmp_path / "teamtr-s1.csv", index=False)
-    text = strategies_report.report()
-    row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
-    assert "0: 0.20 ± 0.00, 2: 0.25 ± 0.21" in row  # (0.4 + 0.1) / 2, sd sqrt(0.045)
-    assert "s0: 0.40, s1: 0.10" in row and "| 1 |" in row  # one held-out regression (seed 1)
-    assert "| 25% |" in row and "1 of 12 (seeds 0, 1)" in row  # 40 of 32 episodes; one positive of 2 x 2 x 3
-    cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
-    assert "-0.2000 ± 0.4243" in cert and "0.05 ± 0.21" in cert  # stage certificates; held-out changes +0.2, -0.1
-    assert "Left out" not in text
-
-    # seed 0's certificates from the agents' own advantages: its success stays, its certificates go
-    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
-    text = strategies_report.report()
-    row = next(line for line in text.splitlines() if line.startswith("| teamtr | 0, 1 |"))
-    assert "s0: 0.40, s1: 0.10" in row and "1 of 6 (seed 1)" in row
-    cert = next(line for line in text.splitlines() if line.startswith("| teamtr | 2 |"))
-    assert "0.1000 (one seed)" in cert and "-0.10 (one seed)" in cert
-    assert "Left out of every certificate figure: teamtr seed 0," in text
-
-
 @pytest.mark.slow
 def test_coach_load_counts_one_call_per_action_with_its_chat(trained_run):
     """benchmarks/coach_load.py on the tiny run: one call per action of each training partition, both

@@ -93,6 +93,15 @@ def _field(driver, label: str):
     )
 
 
+def _deployment_id(api: str, name: str) -> str:
+    """The id of deployment `flow/deployment`, from the Prefect server's REST API."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{api}/api/deployments/name/{name}", timeout=30) as resp:
+        return json.load(resp)["id"]
+
+
 def _flow_runs_of(api: str, deployment_id: str) -> set[str]:
     """Ids of the deployment's flow runs, from the Prefect server's REST API."""
     import json
@@ -121,12 +130,10 @@ def test_run_a_deployment_from_the_prefect_ui_and_find_it_in_mlflow(stack, brows
     from infra.runs import find_by_flow_run
 
     body = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
-    # 1. the deployments page lists train/tiny; open its custom-run form
-    browser.get(f"{stack['prefect']}/deployments")
-    _wait(lambda: "tiny" in body() and "evaluate" in body() and "align" in body(), 120, "the deployments list")
-    browser.find_element(By.XPATH, "//a[normalize-space()='tiny']").click()
-    _wait(lambda: "/deployments/deployment/" in browser.current_url, 60, "the deployment page")
-    deployment_url = browser.current_url.split("?")[0].rstrip("/")
+    # 1. train/tiny's page (the deployments list pages through a dozen entries); open its custom-run form
+    deployment_url = f"{stack['prefect']}/deployments/deployment/{_deployment_id(stack['prefect'], 'train/tiny')}"
+    browser.get(deployment_url)
+    _wait(lambda: "tiny" in body(), 120, "the deployment page")
     earlier = _flow_runs_of(stack["prefect"], deployment_url.split("/")[-1])
     browser.get(deployment_url + "/run")
     _wait(lambda: "Iterations (Optional)" in body(), 120, "the run form")
@@ -205,8 +212,7 @@ def test_run_the_sweep_deployment_from_the_prefect_ui_and_see_its_runs_under_it(
     from selenium.webdriver.common.by import By
 
     body = lambda: browser.find_element(By.TAG_NAME, "body").text  # noqa: E731
-    with urllib.request.urlopen(f"{stack['prefect']}/api/deployments/name/sweep/tiny-sweep", timeout=30) as resp:
-        deployment_id = json.load(resp)["id"]
+    deployment_id = _deployment_id(stack["prefect"], "sweep/tiny-sweep")
     earlier = _flow_runs_of(stack["prefect"], deployment_id)
     browser.get(f"{stack['prefect']}/deployments/deployment/{deployment_id}/run")
     _wait(lambda: "Runs Dir (Optional)" in body(), 120, "the sweep's run form")

@@ -77,33 +77,3 @@ def test_comparisons_of_a_teamtr_run(teamtr_run):
         per[a["episode_id"]] = per.get(a["episode_id"], 0.0) + (0.0 if pd.isna(r) else r) - 0.01 * kl
     assert row["j_before"] == pytest.approx(np.mean(list(per.values())), abs=1e-9)
     assert cc.summary(df)[2].startswith("| update |")
-
-
-def test_strategies_report_pools_the_seeds_checks(tmp_path, monkeypatch):
-    import strategies_report
-
-    monkeypatch.setattr(strategies_report, "OUT", tmp_path)
-    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", set())
-    assert strategies_report.certificate_check_table() == []
-    for seed, dj in ((0, 0.02), (1, -0.01)):
-        pd.DataFrame(
-            {
-                "run": [f"abl-teamtr-s{seed}"],
-                "kind": ["update"],
-                "batch": ["1/rollout"],
-                "next_batch": ["1/resample-1"],
-                "se_before": [0.01],
-                "se_after": [0.01],
-                "dj_hat": [dj],
-                "certificate": [-0.05],
-                "gain": [0.01],
-            }
-        ).to_csv(tmp_path / f"teamtr-s{seed}.certcheck.csv", index=False)
-    lines = strategies_report.certificate_check_table()
-    assert "**teamtr** (seeds 0, 1)" in lines
-    row = next(line for line in lines if line.startswith("| update |"))
-    # 2 updates; dJ_hat - certificate = (0.07 + 0.04) / 2; four batches each with coefficient 1/2
-    half = cc.Z95_TWO_SIDED * math.sqrt(4 * 0.25 * 0.01**2)
-    assert f"+0.0550 ± {half:.4f}" in row and row.split("|")[-2].strip() == "0"
-    monkeypatch.setattr(strategies_report, "OWN_ADVANTAGE_CERTIFICATES", {("teamtr", 0)})
-    assert "**teamtr** (seed 1)" in strategies_report.certificate_check_table()
