@@ -10,9 +10,10 @@ return is an unbiased estimate of its team's J, so
     dJ_hat = J_hat(next batch) - J_hat(this batch)
 
 estimates the update's true improvement J(pi^i) - J(pi^(i-1)) without bias, with the noise of a few
-episodes on other questions. The certificate (tasks/certificate.py) is a 95% lower bound computed from the
-batch the update was fitted to; fitting the update to that batch's noise makes its surrogate gain
-optimistic, which the bound does not correct for. Over many updates, then:
+episodes on other questions. The certificate (tasks/certificate.py) is a 95% lower bound on the task
+return's change, computed on the question groups held out of the update (runs recorded before those
+groups existed certified on the batch the update was fitted to, whose noise made the gain optimistic).
+Over many updates, then:
   - mean(dJ_hat - certificate) >= 0 is what a valid bound predicts (a negative mean, beyond its interval,
     means the certificates claimed more than the updates did);
   - mean(dJ_hat - surrogate gain) estimates the gain's optimism (0 for an unbiased surrogate, up to the
@@ -21,8 +22,8 @@ The interval of a mean over updates is exact for the estimates' sampling noise: 
 with its coefficient (+1 as the next batch of one update, -1 as the batch of the next), batches are
 independent, and each batch's standard error is clustered by question group.
 
-A return is what the advantages are built from: the actions' blended coach scores (an unscored action
-adds nothing) minus beta times the token KL to the reference (algorithm.kl_coef, kl_estimator).
+A return is what the certificate bounds: the sum of the actions' blended coach scores (an unscored action
+adds nothing), without the KL shaping (`episode_returns` with beta = 0).
 `stale` and `joint` have no per-update batch after each update; their stage (one iteration) is compared
 the same way: the stage's summed certificate against J_hat(next rollout) - J_hat(rollout).
 """
@@ -75,7 +76,7 @@ def batch_estimate(run_dir: str, iteration: int, phase: str, cfg: AlgorithmConfi
     actions = store.load_actions(run_dir, iteration, phase)
     rewards = store.read_table(run_dir, "advantages", iteration, phase)
     groups = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
-    ret = episode_returns(actions, rewards, cfg.kl_coef, cfg.kl_estimator)
+    ret = episode_returns(actions, rewards, 0.0, cfg.kl_estimator)  # the task return: the certified J
     return float(ret.mean()), cluster_se(ret.to_numpy(), [str(groups[e]) for e in ret.index])
 
 

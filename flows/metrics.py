@@ -103,11 +103,16 @@ UPDATE_COLUMNS = (
 )
 
 
+METRIC = {"certificate": "task_certificate"}  # the MLflow name of an `updates` column, where it differs
+
+
 def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
-    """Per agent: loss, KL, surrogate gain, penalty, certificate, tokens, seconds, samples left out for their
-    length (`over_length`), gradient norm, clip fraction, KL to the reference (`kl_ref`), skipped, version;
-    per stage (`stage/*`): the sums of KL, gain, penalty and certificate over the agents' updates (the stage
-    certificate, Theorem 3.6) and `stage/certified`, the number of updates whose certificate is positive."""
+    """Per agent: loss, KL, surrogate gain, penalty, certificate (`task_certificate/<agent>`: it bounds the
+    task return, without KL shaping), tokens, seconds, samples left out for their length (`over_length`),
+    gradient norm, clip fraction, KL to the reference (`kl_ref`), skipped, version; per stage (`stage/*`):
+    the sums of KL, gain and penalty over the agents' updates, `stage/task_certificate` (Theorem 3.6's
+    stage certificate: the sum of the updates' certificates, logged only when every applied update of a
+    stage / teamtr stage has one) and `stage/certified`, the number of updates whose certificate is positive."""
     up = store.read_table(run_dir, "updates", iteration)
     up = up[up["strategy"] != "stage0"]  # Stage-0 alignments (flows/align.py) log their own metrics
     m: dict[str, float] = {}
@@ -115,12 +120,15 @@ def update_metrics(run_dir: str | Path, iteration: int) -> dict[str, float]:
         a = r["agent"]
         for k in UPDATE_COLUMNS:
             if r[k] is not None and not pd.isna(r[k]):
-                m[f"{k}/{a}"] = float(r[k])
+                m[f"{METRIC.get(k, k)}/{a}"] = float(r[k])
         m[f"skipped/{a}"] = float(bool(r["skipped"]))
         m[f"version/{a}"] = float(r["version_after"])
-    for k in ("kl", "surrogate_gain", "penalty", "certificate"):
+    for k in ("kl", "surrogate_gain", "penalty"):
         if up[k].notna().any():
             m[f"stage/{k}"] = float(up[k].dropna().astype(float).sum())
+    applied = up[(up["strategy"] != "joint") & ~up["skipped"].astype(bool)]
+    if len(applied) and applied["certificate"].notna().all():
+        m["stage/task_certificate"] = float(applied["certificate"].astype(float).sum())
     if up["certificate"].notna().any():
         m["stage/certified"] = float((up["certificate"].dropna().astype(float) > 0).sum())
     return m

@@ -87,6 +87,9 @@ COLUMNS: dict[str, dict[str, str]] = {
         "loss_mask": "1 on tokens the loss covers, 0 elsewhere",
         "weight": "how many times the action enters its update batch: 1, 0 (no score, or dropped by balanced "
         "sampling) or the duplication count of MARS's balanced sampling",
+        "held_out": "the action's question group was held out of the update to estimate its certificate "
+        "(`algorithm.certify_holdout`, `stale` and `teamtr` only): reward kept, weight 0; null in files "
+        "written before the column",
     },
     "updates": {
         "agent": "the weights unit updated: an agent, or the model several roles share (MARS `shared`)",
@@ -94,10 +97,12 @@ COLUMNS: dict[str, dict[str, str]] = {
         "kl": "the token KL of the update after the step (k3 estimate): with a trust region, on the trained batch "
         "(what `kl_delta` bounds); without, on every action of the unit; Stage-0: the reverse KL after",
         "surrogate_gain": "mean over episodes of the sum over the unit's tokens of (rho - 1) A, A the advantage of the "
-        "team's return (every agent's rewards), in reward units",
+        "team's task return (every agent's rewards, without KL shaping), in reward units: for `stale` and "
+        "`teamtr` over the held-out groups, for `joint` over the whole batch",
         "penalty": "the certificate's penalty: occupancy shift plus sampling error (`stale`, `teamtr` only)",
-        "certificate": "surrogate_gain - penalty: a 95% lower bound on the update's true improvement (`stale`, "
-        "`teamtr` only)",
+        "certificate": "surrogate_gain - penalty: a 95% lower bound on the update's true improvement of the task "
+        "return (rewards without KL shaping), estimated on question groups held out of the update (`stale`, "
+        "`teamtr` only; null where fewer than two groups were held out)",
         "loss": "the update's loss (Stage-0: the reverse KL after)",
         "tokens": "response tokens trained on",
         "seconds": "wall time of the update",

@@ -10,7 +10,7 @@
                 episode), the pipeline's per-episode metrics, and `group/<group>` = 1 where the pipeline
                 groups its problems (Pipeline.group_of: DSBench's dataset, DeepResearch's answer kind);
                 train: the iteration's metrics as MLflow logs them (flows/metrics.py: success_rate,
-                coach_score/<agent>, stage/certificate, ...) but wall-clock ones (`seconds/*`, `*_per_s`),
+                coach_score/<agent>, stage/task_certificate, ...) but wall-clock ones (`seconds/*`, `*_per_s`),
                 and `episodes`
     value       the number
 

@@ -95,6 +95,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ),  # before dividing by a std: reward units (tasks/certificate.py)
             pa.field("loss_mask", pa.list_(pa.int8())),
             pa.field("weight", pa.int32()),
+            pa.field("held_out", pa.bool_()),  # kept out of the update for its certificate (tasks/certificate.py)
         ]
     ),
     "updates": pa.schema(

@@ -135,13 +135,22 @@ class Pipeline(Protocol):
     def stop(self, agent: str) -> tuple[str, ...]:
         """Strings that end `agent`'s reply (besides end-of-sequence)."""
 
+    # the range of Episode.outcome; with the coach's 0..10 scale it bounds every reward (TeamTR's certificate)
+    outcome_range: tuple[float, float]
+
+    def max_actions(self) -> int:
+        """The most actions one episode can have, from the config alone: with `outcome_range` it bounds the
+        task return, so the certificate's span is known before any update (tasks/certificate.py)."""
+
 
 class PipelineBase:
     """What a pipeline may leave out of the `Pipeline` protocol: the defaults of its optional hooks. Every
     pipeline subclasses it, so a generic stage calls a hook without asking whether the pipeline has it."""
 
+    agents: list[AgentSpec]
     answer_blind_rubric = False
     task_types: tuple[str, dict[float, str]] | None = None
+    outcome_range: tuple[float, float] = (0.0, 1.0)
 
     @staticmethod
     def group_of(problem: Problem) -> str | None:
@@ -149,6 +158,10 @@ class PipelineBase:
 
     def stop(self, agent: str) -> tuple[str, ...]:
         return ()
+
+    def max_actions(self) -> int:
+        """One action per agent."""
+        return len(self.agents)
 
     def system1_chat(self, purpose: str, text: str) -> list[dict]:
         raise NotImplementedError(f"{type(self).__name__} has no System 1 (no agent with system=1)")

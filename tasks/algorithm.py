@@ -46,6 +46,15 @@ class AlgorithmConfig(BaseModel):
         "update, estimated on the update's batch; early-stops the epochs and backtracks "
         "the step above it, and logs KL, gain, penalty and certificate (None: off)",
     )
+    certify_holdout: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="stale / teamtr: the share of each batch's question groups held out of the update (at "
+        "least two, never all) to estimate its certificate on episodes it never fitted (tasks/certificate.py); "
+        "those groups train nobody, the cost of a certificate that holds at its stated 95%. 0: no held-out "
+        "groups and no certificate",
+    )
     backtrack_steps: int = Field(
         6, ge=0, le=20, description="halvings of the step tried before an update that still exceeds kl_delta is skipped"
     )

@@ -1,49 +1,50 @@
-"""TeamTR's improvement certificate: a lower bound on what one agent's update does to the team's return,
-estimated from the update's own batch, in the units of the reward.
+"""TeamTR's improvement certificate: a lower bound, at 95% confidence, on what one agent's update does
+to the team's task return, estimated from question groups the update never saw, in reward units.
 
-Setting. A team takes turns on one shared context; an episode's return is the sum of every agent's
-rewards, as training builds them (an action's blended score on its last token, a trajectory reward once
-on the episode's last action, minus beta times each token's KL to the reference), and J(pi) is its
-expectation under the team pi. Agent i's update turns the team pi^{i-1} into pi^i. The batch was
-sampled by the team pi^b: pi^b = pi^{i-1} when it was resampled just before the update (`teamtr`), the
-stage-start team when it was cached (`stale`), in which case the agents C updated since then differ.
-Every token t the agents in C + {i} wrote in the batch has a ratio rho_t = pi_now(a_t|s_t) / pi^b(a_t|s_t)
-(pi_now: the updated weights; 1 for every other agent's token).
+What it certifies. J(pi) = E[sum of an episode's task rewards] under the team pi: every scored action's
+reward (its blended coach score and outcome, in [0, 1]), or, for a trajectory estimator, the episode's
+outcome once. Not the KL-shaped return that training maximises: the task return is what a user measures,
+and without the -beta * KL terms the bound holds whatever beta the update was trained with.
+
+Setting. Agent i's update turns the team pi^{i-1} into pi^i. The batch was sampled by pi^b: pi^{i-1} when
+it was resampled just before the update (`teamtr`), the stage-start team when it was cached (`stale`),
+when the agents C updated since then differ too. Every token t the agents in C + {i} wrote in the batch
+has a ratio rho_t = pi_now(a_t|s_t) / pi^b(a_t|s_t) (1 for every other agent's token).
 
 Bound. The performance-difference lemma, taken from the old team's side, is exact:
     J(pi^i) - J(pi^{i-1}) = sum_h E_{pi^{i-1}}[(rho_h - 1) A^{pi^i}_h]        (h: agent i's tokens)
-It has the old team's occupancy but the new team's advantage A^{pi^i}. Two steps take it to what the
-batch can estimate, the surrogate L = sum_h E_b[(rho_h - 1) A_h] with the batch's own advantages A:
-  1. A^{pi^i} - A^{pi^b} at (s_h, a_h) is a difference of expected returns from the same point. Couple the
-     two continuations token by token (the new token equals the old one with probability min(1, rho_t)):
-     they differ only after a token of C + {i} diverged, so |Q^{pi^i} - Q^{pi^b}| <= span * E[sum_{t > h}
-     (1 - rho_t)_+], with span the range of returns.
+Two steps take it to the surrogate L = sum_h E_b[(rho_h - 1) A_h] with the batch team's advantages A:
+  1. A^{pi^i} - A^{pi^b} at (s_h, a_h) is a difference of expected returns from the same point. Coupling
+     the two continuations token by token (the new token equals the old with probability min(1, rho_t)),
+     they differ only after a token of C + {i} diverged: |Q^{pi^i} - Q^{pi^b}| <= span * E[sum_{t > h}
+     (1 - rho_t)_+], span the range of a return from any point.
   2. The occupancy of pi^{i-1} is the batch's reweighted by W_h = prod_{t < h, t in C} rho_t, and
      |W_h - 1| <= sum_{t < h, t in C} W_t |rho_t - 1| (telescoping); with |A^{pi^i}| <= span.
 So, per episode of the batch,
     X = sum_{h in I_i} (rho_h - 1) A_h                                                  (surrogate gain)
     Y = sum_{h in I_i} |rho_h - 1| (sum_{t in I_{C+i}, t > h} (1 - rho_t)_+ + sum_{t in I_C, t < h} W_t |rho_t - 1|)
-and  J(pi^i) - J(pi^{i-1}) >= E_b[X] - span * E_b[Y]  exactly. Y is second order in the step (a product
-of two ratio deviations), so small steps certify; it grows with the acting agent's tokens per episode and
-the tokens of C + {i} after them, and the stale term (Theorem 3.7's stale occupancy) with every agent
-already updated since the batch was sampled. For `teamtr`, C is empty and only the first sum remains.
+and  J(pi^i) - J(pi^{i-1}) >= E_b[X] - span * E_b[Y]  exactly, for every update, whatever made it.
 
-Estimate. certificate = mean(X - span * Y) - z * se: a one-sided lower confidence bound (z = 1.645: 95%),
-se the standard error of the mean with episodes clustered by group (a group's episodes share a question
-and a baseline). Assumptions: groups are independent draws, their number is large enough for the normal
-approximation, A is an unbiased advantage of the team's return (`team_advantages`: the team's
-return-to-go from the stored rewards and log-probs, minus a baseline from the group's other episodes;
-not the estimator's per-agent advantages, which leave out what an action does to later agents'
-rewards), and returns lie within `span` (each action's reward in [0, 1], so the most scored actions of an
-episode, one for a trajectory reward; widened to the batch's observed range where the KL shaping makes
-it wider). The batch is the one the
-update was fitted to, so the gain is optimistic by however much the update fitted its noise; the bound
-does not correct for that (benchmarks/certificate_check.py measures it on stored runs against the next
-fresh batch). A stage's certificate (Theorem 3.6) is the sum of its updates'; each holds at
-95%, all n of a stage at once at 1 - n * 5% at least.
+Assumptions, each met by construction or checked where the certificate is computed (tasks/update.py):
+  - span is known before the update (`return_span`): rewards lie in the pipeline's declared range and
+    an episode has at most the pipeline's `max_actions()` actions. A batch outside them gets no
+    certificate.
+  - A is an unbiased advantage of the team's task return (`team_advantages`: the return-to-go minus a
+    baseline from the group's other episodes, which does not depend on the episode's own actions).
+  - The episodes certified are independent of the update: whole question groups are held out of it
+    (`holdout_groups`, algorithm.certify_holdout) and the certificate is estimated on them only. Fitted
+    on the same episodes, the gain would be optimistic by what the update fitted of their noise.
+  - Held-out groups are independent draws of questions, and the group means of X - span * Y are close
+    enough to normal for a Student-t interval with (groups - 1) degrees of freedom.
 
-Columns: `updates.surrogate_gain` = mean X, `penalty` = span * mean Y + z * se, `certificate`; MLflow
-`stage/certificate` sums a stage's certificates, `stage/certified` counts the positive ones.
+Estimate. certificate = mean(X - span * Y) - t_{0.95, G-1} * se over the G held-out groups, se clustered by
+group (a group's episodes share a question and a baseline). A stage's certificate (Theorem 3.6) is the sum
+of its updates', defined only when every applied update has one; each holds at 95%, all n of a stage at
+once at 1 - n * 5% at least. Cost: the held-out groups train nobody, and measuring them is one more
+forward pass of the units in C + {i} over their actions.
+
+Columns: `updates.surrogate_gain` = mean X, `penalty` = span * mean Y + t * se, `certificate`; MLflow
+`stage/task_certificate` sums a stage's certificates, `stage/certified` counts the positive ones.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
-Z95 = 1.6448536269514722  # one-sided 95% quantile of the standard normal
+LEVEL = 0.95  # the certificate's one-sided confidence level
 
 
 @dataclass
@@ -114,11 +116,37 @@ def team_advantages(
     return out
 
 
+def holdout_groups(groups: list[str], share: float, rng: np.random.Generator) -> set[str]:
+    """The question groups held out of an update, for its certificate: round(share * G) of the G groups,
+    at least two (the estimation term needs two) and never all; none for share 0 or fewer than three groups."""
+    keys = sorted(set(groups))
+    if share <= 0 or len(keys) < 3:
+        return set()
+    k = min(max(2, round(share * len(keys))), len(keys) - 1)
+    return set(rng.choice(keys, size=k, replace=False).tolist())
+
+
+def reward_range(outcome_range: tuple[float, float], outcome_weight: float, trajectory: bool) -> tuple[float, float]:
+    """Where every reward of an episode lies, from bounds known before the update: an action's blended
+    score r = (1 - w) * coach / 10 + w * outcome with coach in [0, 10], or a trajectory's outcome; 0 for an
+    unscored action (or an infrastructure fault's episode)."""
+    lo, hi = outcome_range
+    if not trajectory:
+        lo, hi = outcome_weight * lo, (1 - outcome_weight) + outcome_weight * hi
+    return min(lo, 0.0), max(hi, 0.0)
+
+
+def return_span(max_actions: int, rewards: tuple[float, float], trajectory: bool) -> float:
+    """The range of a task return from any point of an episode: span = (hi - lo) times the rewards an
+    episode can collect (one for a trajectory reward, else one per action)."""
+    return (1 if trajectory else max_actions) * (rewards[1] - rewards[0])
+
+
 @dataclass
 class Bound:
     gain: float  # mean X: the surrogate gain, per episode, in reward units
     penalty_occ: float  # span * mean Y: the occupancy shift's bound
-    penalty_est: float  # z * se: the sampling error's one-sided bound
+    penalty_est: float  # t * se: the sampling error's one-sided bound
 
     @property
     def penalty(self) -> float:
@@ -126,7 +154,7 @@ class Bound:
 
     @property
     def certificate(self) -> float:
-        """gain - penalty: a lower bound (95%) on the update's true improvement of J."""
+        """gain - penalty: a lower bound (95%) on the update's true improvement of the task return J."""
         return self.gain - self.penalty
 
 
@@ -140,9 +168,12 @@ def cluster_se(v: np.ndarray, groups: list[str]) -> float:
     return float(math.sqrt(len(keys) / (len(keys) - 1) * np.sum(sums**2)) / len(v))
 
 
-def bound(x: np.ndarray, y: np.ndarray, groups: list[str], span: float, z: float = Z95) -> Bound:
-    """The certificate from per-episode X, Y (episode_terms), their groups and the return range `span`."""
+def bound(x: np.ndarray, y: np.ndarray, groups: list[str], span: float, level: float = LEVEL) -> Bound:
+    """The certificate from per-episode X, Y (episode_terms) of the held-out episodes, their groups and the
+    return range `span`: mean(X - span Y) - t_{level, G-1} * se."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if not len(x):
-        return Bound(0.0, 0.0, math.inf)
-    return Bound(float(x.mean()), span * float(y.mean()), z * cluster_se(x - span * y, groups))
+    n_groups = len(set(groups))
+    if n_groups < 2:
+        return Bound(float(x.mean()) if len(x) else 0.0, span * float(y.mean()) if len(y) else 0.0, math.inf)
+    t = float(stats.t.ppf(level, n_groups - 1))
+    return Bound(float(x.mean()), span * float(y.mean()), t * cluster_se(x - span * y, groups))

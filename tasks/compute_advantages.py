@@ -1,4 +1,8 @@
-"""DAG stage `compute_advantages`: per-token advantages and loss masks; the `advantages` partition."""
+"""DAG stage `compute_advantages`: per-token advantages and loss masks; the `advantages` partition.
+
+For stale / teamtr, `algorithm.certify_holdout` of the batch's question groups are held out: their rows
+keep their reward but no advantage or weight (`held_out`), so that the update's certificate
+(tasks/certificate.py) is estimated on episodes the update never fitted."""
 
 from __future__ import annotations
 
@@ -10,16 +14,22 @@ from infra import store
 from tasks import context
 from tasks.advantages import TRAJECTORY_ESTIMATORS, Sample, blend_score, estimate
 from tasks.balanced_sampling import balanced_counts
+from tasks.certificate import holdout_groups
 from tasks.stage import stage
 
 
 def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
-    cfg = context.of(run_dir).config.algorithm
+    ctx = context.of(run_dir)
+    cfg = ctx.config.algorithm
     df = store.load_actions(run_dir, iteration, phase)
     eps = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
-    records = df.to_dict("records")
     trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
+    # stale / teamtr: whole question groups kept out of the update (and of every normalisation) for the certificate
+    share = cfg.certify_holdout if cfg.strategy != "joint" else 0.0
+    rng = np.random.default_rng(ctx.seed_for("certify", iteration, phase))
+    held = holdout_groups([str(group[e]) for e in df["episode_id"]], share, rng)
+    records = [r for r in df.to_dict("records") if str(group[r["episode_id"]]) not in held]
     # REINFORCE++ normalises over one agent's samples (an agent sharing a model with others too: their scores
     # may differ in scale), GRPO / RLOO per group within them; a
     # trajectory estimator sees every agent's samples at once, scored with the episode's reward.
@@ -32,12 +42,6 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     for recs in batches:
         samples = []
         for r in recs:
-            coach = r["score"]
-            ok = coach is not None and not (isinstance(coach, float) and np.isnan(coach))
-            if trajectory:  # the episode's reward, unless an infrastructure fault made its outcome meaningless
-                s = None if str(r["error_kind"]).startswith("infra_") else outcome[r["episode_id"]]
-            else:
-                s = blend_score(coach, outcome[r["episode_id"]], cfg.outcome_weight) if ok else None
             ref = None if r["ref_logprobs"] is None else np.asarray(r["ref_logprobs"], np.float64)
             samples.append(
                 Sample(
@@ -47,7 +51,7 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
                     int(r["turn"]),
                     np.asarray(r["logprobs"], np.float64),
                     ref,
-                    s,
+                    reward_of(r, outcome[r["episode_id"]], trajectory, cfg.outcome_weight),
                 )
             )
         kwargs = dict(
@@ -64,23 +68,39 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         if cfg.positive_only:
             advs = positive_part(advs)
         for r, smp, a, raw in zip(recs, samples, advs, raws):
-            n = len(r["response_ids"])
-            rows.append(
-                {k: r[k] for k in store.KEYS}
-                | {
-                    "iteration": iteration,
-                    "phase": phase,
-                    "reward": smp.score,
-                    "system": int(r["system"]),
-                    "advantages": (a if a is not None else np.zeros(n)).astype(np.float32).tolist(),
-                    "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
-                    "loss_mask": [1 if a is not None else 0] * n,
-                    "weight": 1 if a is not None else 0,
-                }
-            )
-    rng = np.random.default_rng(context.of(run_dir).seed_for("balance", iteration, phase))
-    balance_system1(rows, cfg.balance, rng)
+            rows.append(advantage_row(r, iteration, phase, smp.score, a, raw))
+    for r in df.to_dict("records"):
+        if str(group[r["episode_id"]]) in held:  # scored as training would, trained on by nobody
+            reward = reward_of(r, outcome[r["episode_id"]], trajectory, cfg.outcome_weight)
+            rows.append(advantage_row(r, iteration, phase, reward, None, None) | {"held_out": True})
+    balance_system1(rows, cfg.balance, np.random.default_rng(ctx.seed_for("balance", iteration, phase)))
     return [{k: v for k, v in r.items() if k != "system"} for r in rows]
+
+
+def advantage_row(r: dict, iteration: int, phase: str, reward, adv, raw) -> dict:
+    """The `advantages` row of action `r` (with its `system`, for balancing); no advantage: masked out."""
+    n = len(r["response_ids"])
+    return {k: r[k] for k in store.KEYS} | {
+        "iteration": iteration,
+        "phase": phase,
+        "reward": reward,
+        "system": int(r["system"]),
+        "advantages": (adv if adv is not None else np.zeros(n)).astype(np.float32).tolist(),
+        "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
+        "loss_mask": [1 if adv is not None else 0] * n,
+        "weight": 1 if adv is not None else 0,
+        "held_out": False,
+    }
+
+
+def reward_of(r: dict, outcome: float, trajectory: bool, outcome_weight: float) -> float | None:
+    """An action's reward: for a trajectory estimator the episode's outcome (None where an infrastructure
+    fault made it meaningless), else its coach score blended with the outcome (None: unscored)."""
+    if trajectory:
+        return None if str(r["error_kind"]).startswith("infra_") else outcome
+    coach = r["score"]
+    ok = coach is not None and not (isinstance(coach, float) and np.isnan(coach))
+    return blend_score(coach, outcome, outcome_weight) if ok else None
 
 
 def system1_coach_credit(recs: list[dict], samples: list[Sample], advs: list, raws: list, eps: float) -> None:

@@ -29,8 +29,8 @@ from infra.progress import progress_bar
 from infra.ranks import ray_ranks, spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
-from tasks.advantages import TRAJECTORY_ESTIMATORS, kl_penalty, token_rewards
-from tasks.certificate import Bound, Segment, bound, episode_terms, team_advantages
+from tasks.advantages import TRAJECTORY_ESTIMATORS, token_rewards
+from tasks.certificate import Bound, Segment, bound, episode_terms, return_span, reward_range, team_advantages
 from tasks.decoupled import train_items
 from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES, with_reference_kl
 from tasks.stage import stage
@@ -40,7 +40,7 @@ NO_SCORED_ACTIONS = "no scored actions for this agent"  # the reason of an updat
 ALL_OVER_LENGTH = "every sample longer than algorithm.max_sample_tokens"
 NOT_MEASURED = "an action longer than algorithm.max_sample_tokens, or none scored"
 # certificate.cluster_se: the spread between one question's episodes says nothing of the next question's
-ONE_GROUP = "the batch holds one question's group, and the estimation term needs two or more"
+FEW_HELD_OUT = "fewer than two question groups held out of the update (algorithm.certify_holdout)"
 # the trainer's statistics an `updates` row keeps: means over the update's optimizer steps
 TRAIN_STATS = ("grad_norm", "clip_frac", "kl_ref")
 
@@ -118,22 +118,17 @@ def updated_before(run_dir: str, iteration: int, phase: str, agent: str) -> dict
     }
 
 
-def episode_rewards(df, beta: float, kl_estimator: str, trajectory: bool) -> dict[str, list[np.ndarray]]:
-    """Each episode's token rewards per action in turn order, as training builds them: r = -beta * KL per
-    token plus the action's reward (`advantages.reward`; unscored: none) on its last token; a trajectory
-    reward is the episode's, counted once, on its last action."""
+def episode_rewards(df, trajectory: bool) -> dict[str, list[np.ndarray]]:
+    """Each episode's task rewards per action in turn order, token by token: the action's reward
+    (`advantages.reward`; unscored: 0) on its last token, no KL shaping; a trajectory reward is the
+    episode's, counted once, on its last action."""
     out: dict[str, list[np.ndarray]] = {}
     for e, g in df.sort_values("turn").groupby("episode_id", sort=False):
         records = g.to_dict("records")
         scores = [float(r["reward"]) if r["reward"] is not None and not pd.isna(r["reward"]) else 0.0 for r in records]
         if trajectory:
             scores = [0.0] * (len(scores) - 1) + scores[-1:]
-        rs = []
-        for r, score in zip(records, scores):
-            logp, ref = np.asarray(r["logprobs"], np.float64), r["ref_logprobs"]
-            kl = kl_penalty(logp, np.asarray(ref, np.float64), kl_estimator) if beta and ref is not None else 0 * logp
-            rs.append(token_rewards(kl, score, beta))
-        out[str(e)] = rs
+        out[str(e)] = [token_rewards(np.zeros(len(r["response_ids"])), score, 0.0) for r, score in zip(records, scores)]
     return out
 
 
@@ -143,53 +138,70 @@ def measure_update(
     iteration: int,
     phase: str,
     agent: str,
-    changed: dict[str, int],
+    changed: dict[str, int] | None,
     temperature: float,
     micro_batch_size: int,
-) -> tuple[float | None, Bound | None]:
-    """After an update of weights unit `agent`: the token KL on its actions and the bound of
-    tasks/certificate.py, with the units `changed` since the batch was sampled loaded at their new
-    versions; the bound's agents are weights units and its advantages the team's (`team_advantages`).
-    (None, None) when the unit has no scored action, or when an action of the unit or of `changed` is
-    longer than algorithm.max_sample_tokens (its forward pass could exhaust memory, and the bound needs
-    every token's ratio)."""
+) -> tuple[float | None, Bound | None, str]:
+    """After an update of weights unit `agent`: the token KL on the actions it trained on, and the bound of
+    tasks/certificate.py on the task return (`changed`: the units updated since the batch was sampled, at
+    their new versions; None for a joint update, which gets the surrogate gain on the whole batch and no
+    certificate). A sequential update's bound is estimated on the held-out groups only. (KL, None, why)
+    where no bound can be computed: no scored action, an action of the unit or of `changed` longer than
+    algorithm.max_sample_tokens (its forward pass could exhaust memory, and the bound needs every token's
+    ratio), no held-out group, or rewards outside the pipeline's declared bounds; a bound with fewer than
+    two groups has an infinite estimation term."""
     ctx = context.of(run_dir)
     cfg = ctx.config.algorithm
     df = store.load_actions(run_dir, iteration, phase)
-    df = df.assign(unit=df["agent"].map(ctx.weights), scored=df["reward"].notna())
+    df = df.assign(unit=df["agent"].map(ctx.weights), scored=df["reward"].notna(), held=df["held_out"].fillna(False))
     mine = df[df["unit"] == agent].to_dict("records")
     if not any(r["scored"] for r in mine):
-        return None, None
-    episodes = {r["episode_id"] for r in mine}
-    others = [r for r in df[df["unit"].isin(list(changed))].to_dict("records") if r["episode_id"] in episodes]
+        return None, None, NOT_MEASURED
+    certify = [r for r in mine if r["held"]] if changed is not None else mine
+    episodes = {r["episode_id"] for r in certify}
+    others = [r for r in df[df["unit"].isin(list(changed or {}))].to_dict("records") if r["episode_id"] in episodes]
     if cfg.max_sample_tokens is not None and any(
         len(r["prompt_ids"]) + len(r["response_ids"]) > cfg.max_sample_tokens for r in mine + others
     ):
-        return None, None
+        return None, None, NOT_MEASURED
     ratios = dict(zip(map(id, mine), _ratios(policy, agent, mine, temperature, micro_batch_size)))
-    for other, version in changed.items():
+    for other, version in (changed or {}).items():
         policy.load(run_dir, other, version)
         rows = [r for r in others if r["unit"] == other]
         ratios |= dict(zip(map(id, rows), _ratios(policy, other, rows, temperature, micro_batch_size)))
-    rho = np.concatenate([ratios[id(r)] for r in mine])
+    rho = np.concatenate([ratios[id(r)] for r in mine if not r["held"]] or [np.ones(0)])
     kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
+    if not episodes:
+        return kl, None, FEW_HELD_OUT
     trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
     team = df[df["episode_id"].isin(episodes)]
-    rewards = episode_rewards(team, cfg.kl_coef, cfg.kl_estimator, trajectory)
     group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
+    rewards = episode_rewards(team, trajectory)
+    pipe = ctx.pipeline
+    limits = reward_range(pipe.outcome_range, cfg.outcome_weight, trajectory)
+    span = return_span(pipe.max_actions(), limits, trajectory)
+    # what the certificate's span rests on; a joint update's gain needs none of it
+    if changed is not None and (why := outside_bounds(rewards, pipe.max_actions(), limits)) is not None:
+        return kl, None, why
     turns = {e: sorted(int(t) for t in g["turn"]) for e, g in team.groupby("episode_id")}
     adv = team_advantages(rewards, turns, {e: str(group[e]) for e in rewards})
     adv_of = {(e, t): a for e in adv for t, a in zip(turns[e], adv[e])}
     segments: dict[str, list[Segment]] = {}
-    for r in sorted(mine + others, key=lambda r: (r["episode_id"], r["turn"])):
+    for r in sorted(certify + others, key=lambda r: (r["episode_id"], r["turn"])):
         a = adv_of[(r["episode_id"], int(r["turn"]))] if r["unit"] == agent else None
         segments.setdefault(r["episode_id"], []).append(Segment(r["unit"], ratios[id(r)], a))
-    x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed)) for segs in segments.values()]))
-    # the range of a return from any point: each action's reward in [0, 1], widened where the KL shaping does
-    scored_per_episode = 1 if trajectory else int(team.groupby("episode_id")["scored"].sum().max())
-    returns = np.concatenate([[0.0], *(np.cumsum(np.concatenate(rs)[::-1]) for rs in rewards.values() if rs)])
-    span = max(1.0, float(scored_per_episode), float(returns.max() - returns.min()))
-    return kl, bound(x, y, [str(group[e]) for e in segments], span)
+    x, y = map(np.array, zip(*[episode_terms(segs, agent, set(changed or {})) for segs in segments.values()]))
+    return kl, bound(x, y, [str(group[e]) for e in segments], span), ""
+
+
+def outside_bounds(rewards: dict[str, list[np.ndarray]], max_actions: int, limits: tuple[float, float]) -> str | None:
+    """Why the batch breaks the bounds the certificate's span rests on (tasks/certificate.py), or None."""
+    if (most := max(map(len, rewards.values()), default=0)) > max_actions:
+        return f"an episode with {most} actions, more than the pipeline's max_actions() = {max_actions}"
+    per = np.concatenate([np.concatenate(rs) for rs in rewards.values() if rs] or [np.zeros(0)])
+    if per.size and (per.min() < limits[0] - 1e-9 or per.max() > limits[1] + 1e-9):
+        return f"a reward outside the pipeline's declared range [{limits[0]:g}, {limits[1]:g}]"
+    return None
 
 
 @stage(
@@ -276,23 +288,21 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
                 }
         if not row["skipped"] and cfg.measure_update:
             sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
-            changed = updated_before(run_dir, iteration, phase, agent) if sequential else {}
-            measured, b = measure_update(
+            changed = updated_before(run_dir, iteration, phase, agent) if sequential else None
+            measured, b, why = measure_update(
                 policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size
             )
-            if b is None and sequential and items:
-                row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + NOT_MEASURED]))
-            if b is not None:
-                cert = b.certificate if sequential and math.isfinite(b.certificate) else None
-                if sequential and cert is None:
-                    why = ONE_GROUP if math.isinf(b.penalty_est) else "its bound is not finite"
-                    row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + why]))
-                row |= {
-                    "kl": row["kl"] if row["kl"] is not None else measured,  # with a trust region: the KL it held
-                    "surrogate_gain": b.gain,
-                    "penalty": b.penalty if cert is not None else None,
-                    "certificate": cert,
-                }
+            cert = b.certificate if sequential and b is not None and math.isfinite(b.certificate) else None
+            if sequential and cert is None:  # an infinite estimation term: fewer than two groups to estimate it
+                infinite = b is not None and math.isinf(b.penalty_est)
+                why = why or (FEW_HELD_OUT if infinite else "its bound is not finite")
+                row["reason"] = "; ".join(filter(None, [str(row["reason"] or ""), "no certificate: " + why]))
+            row |= {
+                "kl": row["kl"] if row["kl"] is not None else measured,  # with a trust region: the KL it held
+                "surrogate_gain": b.gain if b is not None else None,
+                "penalty": b.penalty if b is not None and cert is not None else None,
+                "certificate": cert,
+            }
         if row["skipped"]:
             warnings.warn(f"{agent} iteration {iteration}: {row['reason']}", RuntimeWarning, stacklevel=2)
             row["version_after"] = version_before

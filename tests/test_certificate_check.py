@@ -54,7 +54,6 @@ def test_mean_interval_counts_a_shared_batch_once_with_its_summed_coefficient():
 @pytest.mark.slow
 def test_comparisons_of_a_teamtr_run(teamtr_run):
     from infra import store
-    from tasks.advantages import kl_penalty
 
     _, run_dir = teamtr_run
     df = pd.DataFrame(cc.comparisons(str(run_dir)))
@@ -73,7 +72,6 @@ def test_comparisons_of_a_teamtr_run(teamtr_run):
     per = {}
     for a in acts.to_dict("records"):
         r = adv.loc[(a["episode_id"], a["turn"], a["agent"]), "reward"]
-        kl = np.sum(kl_penalty(np.asarray(a["logprobs"]), np.asarray(a["ref_logprobs"]), "k1"))
-        per[a["episode_id"]] = per.get(a["episode_id"], 0.0) + (0.0 if pd.isna(r) else r) - 0.01 * kl
+        per[a["episode_id"]] = per.get(a["episode_id"], 0.0) + (0.0 if pd.isna(r) else r)  # the task return
     assert row["j_before"] == pytest.approx(np.mean(list(per.values())), abs=1e-9)
     assert cc.summary(df)[2].startswith("| update |")

@@ -46,7 +46,13 @@ ROWS = {
     ),
     "coach": dict(KEY, score=7.0, rationale="ok", coach_model="rubric", latency_s=0.5, status="ok", error_kind=None),
     "advantages": dict(
-        KEY, reward=0.7, advantages=[0.5, -1.5], raw_advantages=[0.25, -0.75], loss_mask=[1, 0], weight=1
+        KEY,
+        reward=0.7,
+        advantages=[0.5, -1.5],
+        raw_advantages=[0.25, -0.75],
+        loss_mask=[1, 0],
+        weight=1,
+        held_out=False,
     ),
     "updates": dict(
         run_id="r1",

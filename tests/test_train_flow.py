@@ -253,8 +253,14 @@ def test_teamtr_logs_certificates_and_resample_cost(teamtr_run):
     client = MlflowClient(tracking_uri=f"sqlite:///{Path(root).resolve() / 'mlflow.db'}")
     run_id = (Path(run_dir) / "mlflow_run_id").read_text().strip()
     up = store.read_table(run_dir, "updates", 2)
-    hist = {m.step: m.value for m in client.get_metric_history(run_id, "stage/certificate")}
+    hist = {m.step: m.value for m in client.get_metric_history(run_id, "stage/task_certificate")}
     assert hist[2] == pytest.approx(float(up["certificate"].astype(float).sum()))
+    # each batch's held-out groups (2 of 4 questions) carry rewards but train nobody
+    for phase, adv in store.read_table(run_dir, "advantages", 2).groupby("phase"):
+        held = adv[adv["held_out"].astype(bool)]
+        assert (held["weight"] == 0).all() and held["reward"].notna().any()
+        eps = store.read_table(run_dir, "episodes", 2, phase).set_index("episode_id")["group_id"]
+        assert eps[held["episode_id"]].nunique() == 2 and eps.nunique() == 4, phase
     # two resamples of as many questions as the stage-start rollouts: 200% more episodes than `stale`
     assert {m.value for m in client.get_metric_history(run_id, "resample/extra_episodes_frac")} == {2.0}
     for a in TRAINED:
@@ -263,21 +269,23 @@ def test_teamtr_logs_certificates_and_resample_cost(teamtr_run):
 
 def test_stale_strategy_trains_every_agent_on_the_stage_start_rollouts(prefect_harness, tmp_path):
     """...and so, with one adapter per agent (an agent's update depends on its own weights and the cached
-    rollouts only), computes exactly `joint`'s updates: benchmarks/README.md relies on this."""
+    rollouts only) and no groups held out for a certificate, computes exactly `joint`'s updates:
+    benchmarks/README.md relies on this."""
     from safetensors.torch import load_file
 
     from flows.train import train
+    from tasks.update import FEW_HELD_OUT
 
-    run_dir = train(
-        config=tiny_config(tmp_path / "stale", "iterations=1", "evaluate=false", "algorithm.strategy=stale")
-    )
+    stale = ("iterations=1", "evaluate=false", "algorithm.strategy=stale", "algorithm.certify_holdout=0")
+    run_dir = train(config=tiny_config(tmp_path / "stale", *stale))
     up = store.read_table(run_dir, "updates")
     assert set(up["phase"]) == {"rollout"} and set(up["strategy"]) == {"stale"} and len(up) == 3
     assert set(store.read_table(run_dir, "episodes")["phase"]) == {"rollout"}
     joint = train(config=tiny_config(tmp_path / "joint", "iterations=1", "evaluate=false"))
-    # one meaning of the gain in both; a certificate only for the one-by-one updates (of the trained agents)
+    # one meaning of the gain in both; without held-out groups, no certificate, and the reason says so
     up, up_joint = (u[u["agent"].isin(TRAINED)] for u in (up, store.read_table(joint, "updates")))
-    assert up["certificate"].notna().all() and up["surrogate_gain"].notna().all()
+    assert up["certificate"].isna().all() and up["surrogate_gain"].notna().all()
+    assert up["reason"].str.contains(FEW_HELD_OUT, regex=False).all()
     assert up_joint["certificate"].isna().all() and up_joint["surrogate_gain"].notna().all()
     for a in TRAINED:
         w = [load_file(Path(d) / "checkpoints" / a / "v0001" / "adapter_model.safetensors") for d in (run_dir, joint)]

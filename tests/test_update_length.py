@@ -63,23 +63,23 @@ def test_an_update_leaves_out_and_counts_the_samples_over_the_bound(trained_run,
 
 @pytest.mark.slow
 def test_a_one_question_batch_gets_no_certificate_and_says_why(teamtr_run, tmp_path):
-    """TeamTR with `resample_questions: 1` updates on one question's group: the bound's estimation term
-    (clustered by question) is infinite, so the row holds no certificate and its reason says why. Shown on a
-    copy of the TeamTR run whose stage-start episodes are relabelled as one group."""
+    """When the held-out episodes are one question's group, the bound's estimation term (clustered by
+    question) is infinite, so the row holds no certificate and its reason says why. Shown on a copy of the
+    TeamTR run whose stage-start episodes are relabelled as one group."""
     import pyarrow.parquet as pq
 
-    from tasks.update import ONE_GROUP
+    from tasks.update import FEW_HELD_OUT
 
     _, src = teamtr_run
     run_dir = str(tmp_path / "copy")
     shutil.copytree(src, run_dir)
     ups = store.read_table(run_dir, "updates", 1, "rollout")
     (agent,) = ups["agent"]  # TeamTR's first agent of the stage updates on the stage-start rollouts
-    assert ups["certificate"].notna().all()  # as run: four questions, a finite certificate
+    assert ups["certificate"].notna().all()  # as run: two of four questions held out, a finite certificate
     for f in store.partition_dir(run_dir, "episodes", 1, "rollout").glob("*.parquet"):
         t = pq.read_table(f)
         i = t.schema.get_field_index("group_id")
         pq.write_table(t.set_column(i, t.schema.field(i), [["one"] * len(t)]), f)
     row = redo_update(run_dir, 1, agent)
     assert pd.isna(row["certificate"])
-    assert f"no certificate: {ONE_GROUP}" in row["reason"] and row["surrogate_gain"] is not None
+    assert f"no certificate: {FEW_HELD_OUT}" in row["reason"] and row["surrogate_gain"] is not None

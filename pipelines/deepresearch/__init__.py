@@ -119,6 +119,11 @@ class DeepResearch(PipelineBase):
         titles = {d.doc_id: d.title for d in self._data[0]}
         return {p.task_id: [titles[s] for s in p.support] for p in self._data[1] + self._data[2]}
 
+    def max_actions(self) -> int:
+        """Per System-2 turn: its own action and one System-1 extraction per bin, at most one bin per
+        document found (a document longer than a bin is cut to it)."""
+        return self.cfg.max_turns * (1 + self.cfg.top_k)
+
     def problems(self, split: str) -> list[corpus.ResearchProblem]:
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: train | eval")
