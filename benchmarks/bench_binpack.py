@@ -4,7 +4,7 @@
 
 The tool calls are real searches of the deepresearch pipeline's generated corpus (documents of 50 to
 2000 tokens): each training question, searched with top_k documents. Per call, tasks/extract.py cuts
-documents longer than a bin and packs the pieces with First Fit Decreasing (tasks/binpack.py).
+documents longer than a bin and packs the pieces with First Fit Decreasing (pipelines/dual_system/binpack.py).
 
 1. Packing quality: System-1 calls (bins) summed over all calls, against the sum of the per-call lower
    bounds ceil(sum of lengths / capacity), for several top_k and bin capacities.
@@ -36,7 +36,7 @@ def calls(pipe, n: int, top_k: int) -> list[tuple[str, list[str]]]:
 
 
 def packing(tokenizer, pipe, n: int) -> tuple[list[dict], float]:
-    from tasks.binpack import lower_bound, pack
+    from pipelines.dual_system.binpack import lower_bound, pack
 
     rows, worst = [], 0.0
     for top_k in (3, 8):
@@ -66,8 +66,8 @@ def packing(tokenizer, pipe, n: int) -> tuple[list[dict], float]:
 
 def throughput(policy, pipe, n: int, top_k: int, capacity: int, repeats: int) -> list[dict]:
     from infra.generation import encode_chat, generate
-    from tasks.binpack import split_oversized
-    from tasks.extract import pack_call
+    from pipelines.dual_system.binpack import split_oversized
+    from pipelines.dual_system.extract import pack_call
 
     tok, budget = policy.tokenizer, pipe.cfg.max_new_tokens["system1"]
     work = calls(pipe, n, top_k)

@@ -6,7 +6,7 @@
    left-padded, `batch_size` per call) against the naive loop, `model.generate` on one prompt at a
    time. Same prompts (MathChat solver chats), budget and temperature. Both sample, so lengths may
    differ: each side's tokens/s counts the tokens it generated.
-2. MFU: the FLOP/s a training step achieves (infra/trainer.train_agent, PPO-clip loss, LoRA) divided
+2. MFU: the FLOP/s a training step achieves (infra/engines/torch.train_agent, PPO-clip loss, LoRA) divided
    by this machine's matmul peak, measured here (fp32 `torch.matmul`, n = 2048, the same threads).
    FLOPs of a step = 2 * N_body * T_all + 2 * N_head * T_resp for the forward pass (the head only runs
    on response positions), times 2 for LoRA (the backward pass to the activations; the adapters' own
@@ -87,7 +87,8 @@ def generation(policy, prompts: list[list[int]], max_new: int, batch_size: int, 
 
 
 def training_mfu(policy, prompts: list[list[int]], resp_len: int, repeats: int) -> dict:
-    from infra.trainer import TrainItem, TrainSpec, train_agent
+    from infra.engines.torch import train_agent
+    from infra.trainer import TrainItem, TrainSpec
     from tasks.losses import ppo_clip_loss
 
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ and take one optimiser step of the PPO-clip loss over all P * G completions, in 
 `AlgorithmConfig().micro_batch_size` with gradients accumulated (TRL: `per_device_train_batch_size` =
 that micro-batch, `gradient_accumulation_steps` = the rest). Ours is teamrl's own code path:
 `infra.generation.generate` on `TeamPolicy.acting`, the `grpo` estimator of tasks/advantages.py, and
-`infra.trainer.train_agent` with `tasks.losses.ppo_clip_loss`, as tasks/update.py calls them.
+`infra.engines.torch.train_agent` with `tasks.losses.ppo_clip_loss`, as tasks/update.py calls them.
 
 Matched: the same base weights (two instances built by infra/models.py), the same LoRA config (ours,
 handed to TRL as `peft_config`), prompts (identical token ids), G, max new tokens, temperature with
@@ -35,10 +35,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import Section, Target, machine, median_seconds
+from infra.engines.torch import train_agent
 from infra.generation import encode_chat, generate
 from infra.models import ModelConfig, load_base
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, TrainSpec, train_agent
+from infra.trainer import TrainItem, TrainSpec
 from tasks.advantages import Sample, estimate
 from tasks.algorithm import AlgorithmConfig
 from tasks.losses import ppo_clip_loss

@@ -42,10 +42,11 @@ def main() -> None:
 
     from infra.engines.config import EnginesConfig
     from infra.engines.deepspeed import DeepSpeedTrainer
+    from infra.engines.torch import train_agent
     from infra.engines.zero import DeepSpeedConfig
     from infra.models import ModelConfig
     from infra.policy import TeamPolicy
-    from infra.trainer import TrainSpec, train_agent
+    from infra.trainer import TrainSpec
     from tasks.losses import ppo_clip_loss
 
     ap = argparse.ArgumentParser()

@@ -109,7 +109,8 @@ def update(policy, agent: str, gens: list, micro_batch: int) -> dict:
     """One update of `agent` on its samples (standard-normal advantages), timed."""
     import torch
 
-    from infra.trainer import TrainItem, TrainSpec, train_agent
+    from infra.engines.torch import train_agent
+    from infra.trainer import TrainItem, TrainSpec
     from tasks.losses import ppo_clip_loss
 
     g = torch.Generator().manual_seed(0)

@@ -20,7 +20,8 @@ def is_eval(phase: str) -> bool:
 
 
 def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[str, float]:
-    """Success, coach score and reward per agent, response length, code errors of one partition, the
+    """Success, coach score and reward per agent, response length, the pipeline's episode metrics of one
+    partition (`episode/<key>` and its own, Pipeline.episode_metrics), the
     number of actions per coach status and error kind (`coach_status/<status>`, `coach_error/<kind>`) and
     of episodes per infrastructure fault kind (`infra_error/<kind>`). Success counts only the episodes no
     infrastructure fault hit; on an evaluation partition also per group of problems (`group_success`)."""
@@ -40,12 +41,8 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
             m |= group_success(ran)
     if len(main):
         em = pd.DataFrame([dict(d) for d in main["metrics"]]).drop(columns=["greedy"], errors="ignore")
-        m["code_error_rate"] = float(em["code_error"].mean()) if "code_error" in em else 0.0
         m |= {f"episode/{k}": float(v) for k, v in em.mean().items()}  # the pipeline's per-episode metrics
-        if em.get("s1_tokens_out", pd.Series(dtype=float)).sum() > 0:  # MARS: raw tokens in / extracted out
-            m["system1/compression"] = float(em["s1_tokens_in"].sum() / em["s1_tokens_out"].sum())
-        if em.get("s1_bins_lower_bound", pd.Series(dtype=float)).sum() > 0:  # FFD bins vs ceil(sum / capacity)
-            m["system1/bins_over_lower_bound"] = float(em["s1_bins"].sum() / em["s1_bins_lower_bound"].sum())
+        m |= pipeline_of(main).episode_metrics(em)
     kinds = eps["infra_error"].dropna().map(infra_kind).value_counts()
     m |= {f"infra_error/{k}": float(kinds.get(k, 0)) for k in INFRA_KINDS}  # episodes an infrastructure fault hit
     if len(sampled):
@@ -70,6 +67,13 @@ def partition_metrics(run_dir: str | Path, iteration: int, phase: str) -> dict[s
     return m
 
 
+def pipeline_of(eps: pd.DataFrame):
+    """The pipeline class that played the episodes `eps` (its static hooks read stored data)."""
+    from pipelines import PIPELINES  # a slow import (every pipeline): the partitions that need it import it
+
+    return PIPELINES[eps["pipeline"].iloc[0]]
+
+
 def greedy_flags(eps: pd.DataFrame) -> pd.Series:
     """Each episode's `greedy` flag (1.0: a greedy evaluation episode; 0.0: sampled)."""
     return eps["metrics"].map(lambda d: dict(d).get("greedy", 0.0)) if len(eps) else eps["metrics"]
@@ -78,10 +82,9 @@ def greedy_flags(eps: pd.DataFrame) -> pd.Series:
 def group_success(eps: pd.DataFrame) -> dict[str, float]:
     """`success/<group>`: the success rate of `eps` per group of problems, where their pipeline groups them
     (Pipeline.group_of; DSBench: per dataset, so held-out success shows which unseen datasets the team solves)."""
-    from pipelines import PIPELINES  # a slow import (every pipeline): only evaluation partitions need it
     from pipelines.base import Problem
 
-    group_of = PIPELINES[eps["pipeline"].iloc[0]].group_of
+    group_of = pipeline_of(eps).group_of
     groups = [group_of(Problem(t, q, a)) for t, q, a in zip(eps["task_id"], eps["question"], eps["answer"])]
     df = pd.DataFrame({"group": groups, "success": eps["success"].astype(float).to_numpy()})
     rates = df.groupby("group")["success"].mean()  # a problem without a group (None) is left out

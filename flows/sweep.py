@@ -27,6 +27,7 @@ from infra import runs
 from infra.errors import UsageError
 from infra.tracking import Tracker
 from tasks import context
+from tasks.config import moved_to_pipeline
 
 
 def sweep_folder(spec: SweepSpec) -> Path:
@@ -53,7 +54,7 @@ def check_same_config(spec: SweepSpec, variant: str, seed: int, run_dir: Path) -
     """A run folder left by an earlier sweep must have been started with this sweep's config for it, or
     resuming it would record another experiment under this variant's name."""
     want = spec.run_config(variant, seed).model_dump(mode="json")
-    have = runs.read_run_config(run_dir)
+    have = moved_to_pipeline(runs.read_run_config(run_dir))  # as a resume reads it
     skip = {*context.RUN_KEYS, "run"}
     differ = sorted(k for k in set(want) | set(have) if k not in skip and want.get(k) != have.get(k))
     if differ:

@@ -346,18 +346,6 @@ class TorchSteps:
         self._acting.close()
 
 
-def train_agent(
-    policy, agent: str, items: list[TrainItem], loss_fn: Callable, spec: TrainSpec
-) -> tuple[TrainResult, dict | None]:
-    """The `torch` engine's update of `agent` on `items`: train_loop over TorchSteps, or over FSDP2's
-    ShardedSteps for full weights on several ranks."""
-    if spec.world > 1 and policy.cfg.weights == "full":
-        from infra.sharded import ShardedSteps
-
-        return train_loop(ShardedSteps(policy, agent, spec), items, loss_fn, spec)
-    return train_loop(TorchSteps(policy, agent, spec), items, loss_fn, spec)
-
-
 def batch_logprobs(
     policy, agent: str, items: list[TrainItem], temperature: float = 1.0, micro_batch_size: int = 2
 ) -> tuple[torch.Tensor, ...]:

@@ -12,7 +12,12 @@ from pipelines.deepresearch import DeepResearch, DeepResearchConfig
 from pipelines.dsbench import DSBench, DSBenchConfig
 from pipelines.mathchat import MathChat, MathChatConfig
 
-BUILT_IN = ("mathchat", "deepresearch", "dsbench")
+PIPELINES: Registry[type[Pipeline]] = Registry("pipeline")
+for _cls in (MathChat, DeepResearch, DSBench):
+    PIPELINES.register(_cls.name, _cls)
+# the names registered so far: teamrl's own, before a plugin module can add one; each is a member of
+# PipelineConfig below, tagged with its name
+BUILT_IN = tuple(PIPELINES)
 
 
 def _name(v) -> str:
@@ -42,9 +47,9 @@ _REGISTERED_SCHEMA = {
 # one config model per pipeline, chosen by its `name` (mathchat when a config leaves it out); the built-in
 # ones are spelled out so that their fields have a form in the Prefect UI
 PipelineConfig = Annotated[
-    Annotated[MathChatConfig, Tag("mathchat")]
-    | Annotated[DeepResearchConfig, Tag("deepresearch")]
-    | Annotated[DSBenchConfig, Tag("dsbench")]
+    Annotated[MathChatConfig, Tag(MathChat.name)]
+    | Annotated[DeepResearchConfig, Tag(DeepResearch.name)]
+    | Annotated[DSBenchConfig, Tag(DSBench.name)]
     | Annotated[Any, PlainValidator(_registered), WithJsonSchema(_REGISTERED_SCHEMA), Tag("registered")],
     Discriminator(_member),
 ]
@@ -53,11 +58,6 @@ PipelineConfig = Annotated[
 def pipeline_config(raw: dict) -> Any:
     """Validate a `pipeline:` section into its pipeline's config model."""
     return TypeAdapter(PipelineConfig).validate_python(raw)
-
-
-PIPELINES: Registry[type[Pipeline]] = Registry("pipeline")
-for _cls in (MathChat, DeepResearch, DSBench):
-    PIPELINES.register(_cls.name, _cls)
 
 
 def build_pipeline(cfg: Any, seed: int) -> Pipeline:

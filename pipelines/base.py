@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+import pandas as pd
 from pydantic import BaseModel
 
 from infra.generation import Generation
+from infra.trainer import TrainItem
 
 
 @dataclass(frozen=True)
 class AgentSpec:
     name: str  # agent id, also the adapter / checkpoint name
     role: str  # what the agent is for, as the coach is told
-    system: int = 0  # 0 = single-system agent; 1 / 2 = MARS System 1 / System 2
+    system: int = 0  # the `actions.system` column: 0 = single-system agent; 1 / 2 = a dual-system team's
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Episode:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One System-2 tool call's raw output, for System 1 to extract from (MARS)."""
+    """One tool call's raw output (a dual-system team's System 1 extracts from it: pipelines/dual_system)."""
 
     purpose: str  # why System 2 called the tool: what System 1 should look for
     documents: list[str]  # the raw outputs (search hits, program output), each packed as one item
@@ -83,8 +86,30 @@ class Act(Protocol):
         """One batched generation: one Generation per prompt, a chat (list of {"role", "content"}) or
         token ids (a context built with infra.generation.continue_chat)."""
 
-    def extract(self, calls: list[ToolCall]) -> list[Extraction]:
-        """System 1 over every call's bin-packed output, in one batched generation (the `extract` stage)."""
+    def stage(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` as the DAG stage `name` (its own Prefect task run in a flow; a plain call in a Ray
+        rollout actor): a pipeline's own step inside an episode, such as MARS's System-1 `extract`."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a pipeline may check about the rest of a run's config (Pipeline.check_config)."""
+
+    coach_backend: str  # coach.backend
+    estimator: str  # algorithm.estimator
+    trajectory: bool  # the estimator gives every action its trajectory's advantage (one reward per episode)
+
+
+@dataclass
+class CreditBatch:
+    """One estimator call's actions and their advantages, for a pipeline's `credit` hook to change in place."""
+
+    actions: list[dict]  # the `actions` rows, with `system` and `score`
+    samples: list  # one tasks.advantages.Sample (a dataclass) per action, with the reward it was estimated from
+    advs: list  # per-token advantages per action (None: none), scaled as the loss uses them
+    raws: list  # the same in reward units (`raw_advantages`)
+    trajectory: bool  # the estimator gave every action its trajectory's advantage
+    estimate: Callable[..., list]  # tasks.advantages.estimate(name, samples, scale=True) with the run's eps
 
 
 class Pipeline(Protocol):
@@ -120,9 +145,6 @@ class Pipeline(Protocol):
         """Environment feedback per action for the `llm` coach; without `ground_truth` no text of it may
         contain the answer or anything derived from it (a score against hidden labels, gold documents)."""
 
-    def system1_chat(self, purpose: str, text: str) -> list[dict]:
-        """System 1's prompt for one packed bin (dual-system pipelines only)."""
-
     @staticmethod
     def group_of(problem: Problem) -> str | None:
         """The group of a problem, e.g. DSBench's dataset (None: the pipeline does not group its problems);
@@ -141,6 +163,29 @@ class Pipeline(Protocol):
     def max_actions(self) -> int:
         """The most actions one episode can have, from the config alone: with `outcome_range` it bounds the
         task return, so the certificate's span is known before any update (tasks/certificate.py)."""
+
+    # hooks of the training batch (PipelineBase: the single-system defaults; pipelines/dual_system: MARS's)
+    def credit(self, batch: CreditBatch) -> None:
+        """Change one estimator batch's advantages in place, after the estimator and before
+        algorithm.positive_only (compute_advantages)."""
+
+    def weigh(self, rows: list[dict], actions: list[dict], rng: np.random.Generator) -> None:
+        """Set, in place, how many times each `advantages` row of a partition enters its update (`weight`;
+        `actions[i]` is row i's action), drawing with `rng` (compute_advantages)."""
+
+    def train_items(self, rows: pd.DataFrame, reference: bool) -> list[TrainItem]:
+        """One weights unit's update batch from its roles' `advantages`-joined action rows; `reference`: the
+        items carry the rows' reference log-probs (update)."""
+
+    @staticmethod
+    def episode_metrics(em: pd.DataFrame) -> dict[str, float]:
+        """Metrics of a partition from its episodes' `metrics` (one row per episode), beyond the mean of each
+        (`episode/<key>`, which every pipeline gets). Static, as `group_of` (flows/metrics.py)."""
+
+    @classmethod
+    def check_config(cls, cfg: Any, run: RunFacts) -> None:
+        """Refuse, with a ValueError naming the fields, a pipeline config `cfg` that does not fit the rest of
+        the run's config (checked when a config is loaded)."""
 
 
 class PipelineBase:
@@ -163,8 +208,45 @@ class PipelineBase:
         """One action per agent."""
         return len(self.agents)
 
-    def system1_chat(self, purpose: str, text: str) -> list[dict]:
-        raise NotImplementedError(f"{type(self).__name__} has no System 1 (no agent with system=1)")
+    def credit(self, batch: CreditBatch) -> None:
+        """The estimator's advantages as they are."""
+
+    def weigh(self, rows: list[dict], actions: list[dict], rng: np.random.Generator) -> None:
+        """Every row with an advantage once (the weight compute_advantages gave it)."""
+
+    def train_items(self, rows: pd.DataFrame, reference: bool) -> list[TrainItem]:
+        return row_items(rows, reference)
+
+    @staticmethod
+    def episode_metrics(em: pd.DataFrame) -> dict[str, float]:
+        return {}
+
+    @classmethod
+    def check_config(cls, cfg: Any, run: RunFacts) -> None:
+        """Every config fits."""
+
+
+def row_items(df: pd.DataFrame, reference: bool = False) -> list[TrainItem]:
+    """Each action row as its own sample, `weight` times (0: left out). `reference`: with the row's reference
+    log-probs, for a loss with a KL term to the reference."""
+    return [
+        TrainItem(
+            list(r["prompt_ids"]),
+            list(r["response_ids"]),
+            list(r["logprobs"]),
+            list(r["advantages"]),
+            list(r["loss_mask"]),
+            ref_of(r, reference),
+        )
+        for r in df[df["weight"].fillna(0) > 0].to_dict("records")
+        for _ in range(int(r["weight"]))
+    ]
+
+
+def ref_of(row: dict, wanted: bool) -> list[float] | None:
+    """An action row's reference log-probs where `wanted` (None where the rollout ran no reference pass)."""
+    ref = row.get("ref_logprobs") if wanted else None
+    return None if ref is None else [float(x) for x in ref]
 
 
 def clip_tokens(tokenizer, text: str, budget: int, marker: str = "") -> str:

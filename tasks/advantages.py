@@ -88,12 +88,24 @@ def whiten(values: list[np.ndarray], eps: float = 1e-6, scale: bool = True, min_
     return [(v - mean) / div for v in values]
 
 
+@dataclass(frozen=True)
+class EstimatorTraits:
+    """What the config and the stages know of an estimator without calling it, declared where it is
+    registered (`@register("name", uses_kl=True)`); the defaults are those of `grpo` and `rloo`."""
+
+    # a KL term in the reward (it reads `beta`): without one, algorithm.kl_coef > 0 would only cost a
+    # reference pass, so the config refuses it
+    uses_kl: bool = False
+    # its samples are whole trajectories', across all agents at once, each scored with its episode's reward
+    trajectory: bool = False
+
+
 # algorithm.estimator -> fn(samples, **kwargs) -> one advantage array per sample
-ESTIMATORS: Registry[Callable[..., list[np.ndarray]]] = Registry("estimator")
+ESTIMATORS: Registry[Callable[..., list[np.ndarray]], EstimatorTraits] = Registry("estimator", EstimatorTraits)
 register = ESTIMATORS.register
 
 
-@register("reinforce_pp")
+@register("reinforce_pp", uses_kl=True)
 def reinforce_pp(
     samples: list[Sample],
     beta: float = 0.01,
@@ -145,11 +157,11 @@ def grpo(samples: list[Sample], eps: float = 1e-6, scale: bool = True, **_) -> l
     return adv
 
 
-@register("grpo_trajectory")
+@register("grpo_trajectory", trajectory=True)
 def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, scale: bool = True, **_) -> list[np.ndarray]:
     """MARS GRPO: A = (R - mean_group(R)) / (std_group(R) + eps) over the group's trajectories (one R
     per episode, whatever its number of samples), shared by every sample of the trajectory. Call it
-    with every agent's samples at once (TRAJECTORY_ESTIMATORS), so no trajectory is left out."""
+    with every agent's samples at once (its `trajectory` trait), so no trajectory is left out."""
     reward: dict[str, float] = {}
     members: dict[str, list[str]] = {}
     for s in samples:
@@ -161,12 +173,6 @@ def grpo_trajectory(samples: list[Sample], eps: float = 1e-6, scale: bool = True
         r = np.array([reward[e] for e in eps_ids])
         adv |= dict(zip(eps_ids, (r - r.mean()) / (r.std() + eps if scale else 1.0)))
     return [np.full(len(s.logprobs), adv[s.episode_id]) for s in samples]
-
-
-# estimators whose samples are whole trajectories' (score = the episode's reward), across all agents
-TRAJECTORY_ESTIMATORS = {"grpo_trajectory"}
-# estimators with no KL term: with them algorithm.kl_coef > 0 would only cost a reference pass
-WITHOUT_KL = {"grpo", "grpo_trajectory", "rloo"}
 
 
 @register("rloo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -17,18 +18,6 @@ class AlgorithmConfig(BaseModel):
         "reinforce_pp",
         description="advantage estimator from the registry: "
         "reinforce_pp | grpo | rloo | grpo_trajectory (MARS: one reward per trajectory)",
-    )
-    balance: Literal["advantage", "uniform", "off"] = Field(
-        "advantage",
-        description="MARS balanced sampling: System-1 samples are down- / up-sampled to System 2's "
-        "count, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps each once",
-    )
-    system1_credit: Literal["trajectory", "coach"] = Field(
-        "trajectory",
-        description="with a trajectory estimator, what a System-1 sample's advantage is: `trajectory` (the "
-        "paper's MARS) its trajectory's; `coach` GRPO over its own coach score within its question's "
-        "group (per-action credit for the extraction, a deviation from the paper; needs coach.backend "
-        "rubric or llm)",
     )
     strategy: Literal["joint", "stale", "teamtr"] = Field(
         "joint",
@@ -80,7 +69,7 @@ class AlgorithmConfig(BaseModel):
     positive_only: bool = Field(
         False,
         description="train only on actions that did better than their baseline: negative advantages become 0 "
-        "(A' = max(A, 0), after any System-1 credit and before balanced sampling), so an update raises what "
+        "(A' = max(A, 0), after the pipeline's credit hook and before its weighing), so an update raises what "
         "succeeded and pushes nothing down; a deviation from GRPO and REINFORCE++, whose failures' push-down can "
         "move probability to whatever is already likely; `raw_advantages` keeps the estimator's values",
     )
@@ -125,8 +114,8 @@ class AlgorithmConfig(BaseModel):
         True,
         description="after each update, score the unit's actions again at the new weights to record the "
         "update's KL and surrogate gain (`updates.kl`, `updates.surrogate_gain`) and, for stale / teamtr, "
-        "its certificate: one more forward pass over every action of the unit (for MARS, every System-2 turn "
-        "and every System-1 extraction); false skips it (joint only: the certificate needs it)",
+        "its certificate: one more forward pass over every action of the unit; false skips it (joint only: "
+        "the certificate needs it)",
     )
 
     @model_validator(mode="after")
@@ -151,13 +140,13 @@ class AlgorithmConfig(BaseModel):
 
     @model_validator(mode="after")
     def _kl_coef_needs_a_kl_term(self):
-        from tasks.advantages import WITHOUT_KL
+        from tasks.advantages import ESTIMATORS
 
-        if self.kl_coef > 0 and self.estimator in WITHOUT_KL:
+        if self.kl_coef > 0 and not ESTIMATORS.traits(self.estimator).uses_kl:
             raise ValueError(
                 f"algorithm.kl_coef={self.kl_coef:g} does nothing with estimator {self.estimator}, which has no "
-                "KL term in the reward (reinforce_pp has one): set algorithm.kl_coef=0, and "
-                "algorithm.kl_loss_coef for a KL term in the loss"
+                "KL term in the reward (reinforce_pp has one; an estimator declares one with `uses_kl=True` where "
+                "it is registered): set algorithm.kl_coef=0, and algorithm.kl_loss_coef for a KL term in the loss"
             )
         return self
 
@@ -167,7 +156,8 @@ class AlgorithmConfig(BaseModel):
         from tasks.advantages import ESTIMATORS
         from tasks.losses import LOSSES
 
-        registry = {"estimator": ESTIMATORS, "loss": LOSSES}[str(info.field_name)]
+        registries: dict[str, Mapping[str, object]] = {"estimator": ESTIMATORS, "loss": LOSSES}
+        registry = registries[str(info.field_name)]
         if v not in registry:
             raise ValueError(f"unknown {info.field_name} {v!r}; choose one of {sorted(registry)}")
         return v

@@ -25,6 +25,29 @@ def check_infra_share(episodes: list, limit: float, where: str) -> None:
     )
 
 
+class ShardPlayer:
+    """What a Ray rollout actor plays its shards with: its own context of the run, opened once."""
+
+    def __init__(self, run_dir: str):
+        self.ctx = context.RunContext(run_dir)
+
+    def play(self, versions, problems, episode_ids, group_ids, temperature: float, greedy: bool, seed_parts) -> list:
+        ctx = self.ctx
+        engine = ctx.generation_engine()
+        engine.use(ctx.run_dir, versions)
+        act = TeamActs(
+            engine,
+            ctx.policy.tokenizer,
+            ctx.pipeline,
+            temperature,
+            greedy,
+            lambda n=1: None,
+            lambda agent, n: context.stage_seed(*seed_parts, agent, n),
+            in_flow=False,
+        )
+        return ctx.pipeline.run_episodes(problems, episode_ids, group_ids, act)
+
+
 def _select(ctx: context.RunContext, iteration: int, phase: str, split: str, n: int | None) -> list:
     probs = ctx.problems(split)
     if split == "eval":
@@ -73,16 +96,14 @@ def collect_rollouts(
     plist = [p for p in problems for _ in range(g)]
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
-    if engines.runner == "ray":  # sharded over the rollout actors (tasks/rollout_workers.py)
-        episodes = ctx.rollout_workers().play(
-            run_dir,
-            versions,
-            plist,
-            eids,
+    if engines.runner == "ray":  # sharded over the rollout actors (infra/engines/ray_rollouts.py)
+        seed_parts = (ctx.config.seed, "sample", iteration, phase, part)
+        episodes = ctx.rollout_workers(ShardPlayer).play(
             gids,
-            cfg.temperature,
-            greedy,
-            (ctx.config.seed, "sample", iteration, phase, part),
+            lambda r, j: (
+                (versions, plist[r.start : r.stop], eids[r.start : r.stop], gids[r.start : r.stop])
+                + (cfg.temperature, greedy, (*seed_parts, j))
+            ),
         )
     else:
         engine = ctx.generation_engine()

@@ -6,14 +6,14 @@ keep their reward but no advantage or weight (`held_out`), so that the update's 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
 from infra import store
+from pipelines.base import CreditBatch
 from tasks import context
-from tasks.advantages import TRAJECTORY_ESTIMATORS, Sample, blend_score, estimate
-from tasks.balanced_sampling import balanced_counts
+from tasks.advantages import ESTIMATORS, Sample, blend_score, estimate
 from tasks.certificate import holdout_groups
 from tasks.stage import stage
 
@@ -24,7 +24,7 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
     df = store.load_actions(run_dir, iteration, phase)
     eps = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
-    trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
+    trajectory = ESTIMATORS.traits(cfg.estimator).trajectory
     # stale / teamtr: whole question groups kept out of the update (and of every normalisation) for the certificate
     share = cfg.certify_holdout if cfg.strategy != "joint" else 0.0
     rng = np.random.default_rng(ctx.seed_for("certify", iteration, phase))
@@ -38,7 +38,7 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         if trajectory
         else [[r for r in records if r["agent"] == a] for a in sorted({r["agent"] for r in records})]
     )
-    rows = []
+    rows, acts = [], []  # acts[i]: the action of rows[i], for the pipeline's weighing
     for recs in batches:
         samples = []
         for r in recs:
@@ -63,28 +63,28 @@ def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
         )
         advs = estimate(cfg.estimator, samples, **kwargs)
         raws = estimate(cfg.estimator, samples, scale=False, **kwargs)  # in reward units: raw_advantages
-        if trajectory and cfg.system1_credit == "coach":
-            system1_coach_credit(recs, samples, advs, raws, cfg.whiten_eps)
+        ctx.pipeline.credit(CreditBatch(recs, samples, advs, raws, trajectory, partial(estimate, eps=cfg.whiten_eps)))
         if cfg.positive_only:
             advs = positive_part(advs)
         for r, smp, a, raw in zip(recs, samples, advs, raws):
             rows.append(advantage_row(r, iteration, phase, smp.score, a, raw))
+            acts.append(r)
     for r in df.to_dict("records"):
         if str(group[r["episode_id"]]) in held:  # scored as training would, trained on by nobody
             reward = reward_of(r, outcome[r["episode_id"]], trajectory, cfg.outcome_weight)
             rows.append(advantage_row(r, iteration, phase, reward, None, None) | {"held_out": True})
-    balance_system1(rows, cfg.balance, np.random.default_rng(ctx.seed_for("balance", iteration, phase)))
-    return [{k: v for k, v in r.items() if k != "system"} for r in rows]
+            acts.append(r)
+    ctx.pipeline.weigh(rows, acts, np.random.default_rng(ctx.seed_for("balance", iteration, phase)))
+    return rows
 
 
 def advantage_row(r: dict, iteration: int, phase: str, reward, adv, raw) -> dict:
-    """The `advantages` row of action `r` (with its `system`, for balancing); no advantage: masked out."""
+    """The `advantages` row of action `r`; no advantage: masked out."""
     n = len(r["response_ids"])
     return {k: r[k] for k in store.KEYS} | {
         "iteration": iteration,
         "phase": phase,
         "reward": reward,
-        "system": int(r["system"]),
         "advantages": (adv if adv is not None else np.zeros(n)).astype(np.float32).tolist(),
         "raw_advantages": None if raw is None else raw.astype(np.float32).tolist(),
         "loss_mask": [1 if adv is not None else 0] * n,
@@ -103,36 +103,9 @@ def reward_of(r: dict, outcome: float, trajectory: bool, outcome_weight: float) 
     return blend_score(coach, outcome, outcome_weight) if ok else None
 
 
-def system1_coach_credit(recs: list[dict], samples: list[Sample], advs: list, raws: list, eps: float) -> None:
-    """Replace System-1 samples' trajectory advantages, in place, by GRPO over their own coach scores
-    (s = coach / 10) within their question's group; an unscored extraction gets none."""
-    idx = [i for i, r in enumerate(recs) if int(r["system"]) == 1]
-    own = [replace(samples[i], score=_coach_score(recs[i]["score"])) for i in idx]
-    scaled, raw = estimate("grpo", own, eps=eps), estimate("grpo", own, eps=eps, scale=False)
-    for k, i in enumerate(idx):
-        samples[i], advs[i], raws[i] = own[k], scaled[k], raw[k]
-
-
 def positive_part(advs: list) -> list:
     """A' = max(A, 0) per token; an action without an advantage keeps none."""
     return [None if a is None else np.maximum(a, 0.0) for a in advs]
-
-
-def _coach_score(score) -> float | None:
-    """A coach score 0..10 as a reward in [0, 1]; None where the coach gave none."""
-    return None if score is None or not np.isfinite(score) else float(score) / 10.0
-
-
-def balance_system1(rows: list[dict], mode: str, rng: np.random.Generator) -> None:
-    """MARS: set System-1 rows' `weight` (duplication count) so they number exactly as many as System 2's
-    samples, one per trajectory, drawn with p ~ |A| (`advantage`) or uniformly; `off` keeps every one once."""
-    s1 = [r for r in rows if r["system"] == 1 and r["weight"] > 0]
-    if not s1 or mode == "off":
-        return
-    target = len({r["episode_id"] for r in rows if r["system"] == 2 and r["weight"] > 0})
-    mean_abs = [float(np.abs(r["advantages"]).mean()) if r["advantages"] else 0.0 for r in s1]
-    for r, c in zip(s1, balanced_counts(np.array(mean_abs), target, mode, rng)):
-        r["weight"] = int(c)
 
 
 @stage("advantages")

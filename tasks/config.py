@@ -15,8 +15,8 @@ from infra.errors import TeamrlError
 from infra.models import ModelConfig
 from infra.policy import CheckpointConfig
 from pipelines import PIPELINES, MathChatConfig, PipelineConfig
-from pipelines.base import no_blind_rubric
-from tasks.advantages import TRAJECTORY_ESTIMATORS
+from pipelines.base import RunFacts, no_blind_rubric
+from tasks.advantages import ESTIMATORS
 from tasks.algorithm import AlgorithmConfig
 from tasks.coach import CoachConfig
 
@@ -124,7 +124,7 @@ class RunConfig(BaseModel):
                 importlib.import_module(str(module))
             except ImportError as e:
                 raise ValueError(f"plugins: cannot import {module!r}: {e}") from None
-        return raw
+        return moved_to_pipeline(raw) if isinstance(raw, dict) else raw
 
     @model_validator(mode="after")
     def _engines_fit_the_model(self):
@@ -151,14 +151,31 @@ class RunConfig(BaseModel):
         if c.backend == "rubric" and not c.ground_truth and not PIPELINES[self.pipeline.name].answer_blind_rubric:
             raise ValueError(no_blind_rubric(self.pipeline.name))
         a = self.algorithm
-        if a.system1_credit == "coach" and (c.backend == "outcome" or a.estimator not in TRAJECTORY_ESTIMATORS):
-            raise ValueError(
-                "algorithm.system1_credit=coach gives System 1 its coach scores under a trajectory estimator: it "
-                f"needs coach.backend rubric or llm (got {c.backend}) and a trajectory estimator "
-                f"({', '.join(sorted(TRAJECTORY_ESTIMATORS))}; got {a.estimator}, which credits every action "
-                "by its coach score already)"
-            )
+        facts = RunFacts(c.backend, a.estimator, ESTIMATORS.traits(a.estimator).trajectory)
+        PIPELINES[self.pipeline.name].check_config(self.pipeline, facts)
         return self
+
+
+# `algorithm` keys that became the pipeline's own (a dual-system team's), as configs saved before still have them
+MOVED_TO_PIPELINE = ("balance", "system1_credit")
+
+
+def moved_to_pipeline(raw: dict) -> dict:
+    """`raw` with each MOVED_TO_PIPELINE key of its `algorithm` section moved into `pipeline` where the
+    pipeline's config has that field (and does not set it), else dropped: a saved config.yaml lists every
+    default, and a pipeline without the field never used it."""
+    algorithm, pipeline = raw.get("algorithm"), raw.get("pipeline", {})
+    if not isinstance(algorithm, dict) or not isinstance(pipeline, dict) or not set(MOVED_TO_PIPELINE) & set(algorithm):
+        return raw
+    name = pipeline.get("name", "mathchat")
+    fields = PIPELINES[name].Config.model_fields if name in PIPELINES else {}
+    algorithm, pipeline = dict(algorithm), dict(pipeline)
+    for key in MOVED_TO_PIPELINE:
+        if key in algorithm:
+            value = algorithm.pop(key)
+            if key in fields:
+                pipeline.setdefault(key, value)
+    return raw | {"algorithm": algorithm, "pipeline": pipeline}
 
 
 class ConfigError(TeamrlError, ValueError):

@@ -42,7 +42,7 @@ def user_problems(file: str | Path, docs: str | Path | None) -> dict:
 
 class RunContext:
     """One run folder opened: `config` (the saved RunConfig), `run_id`, `nonce`, the pipeline, and the
-    engines (`policy`, `generation_engine()`, `rollout_workers()`, `trainer()`), each built on first use
+    engines (`policy`, `generation_engine()`, `rollout_workers(...)`, `trainer()`), each built on first use
     and kept until `close()`."""
 
     def __init__(self, run_dir: str | Path):
@@ -128,12 +128,13 @@ class RunContext:
         if self._generation is not None:
             self._generation.sleep()
 
-    def rollout_workers(self):
-        """The Ray rollout actors of `engines.ray` (tasks/rollout_workers.py), placed on first use."""
+    def rollout_workers(self, open_player):
+        """The Ray rollout actors of `engines.ray` (infra/engines/ray_rollouts.py), placed on first use, each
+        playing with `open_player(run_dir)`."""
         if self._workers is None:
-            from tasks.rollout_workers import RolloutActors
+            from infra.engines.ray_rollouts import RolloutActors
 
-            self._workers = RolloutActors(self.config.engines.ray)
+            self._workers = RolloutActors(self.config.engines.ray, open_player, self.run_dir)
         return self._workers
 
     def trainer(self):

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from infra.plugins import Registry
 
+
+@dataclass(frozen=True)
+class LossTraits:
+    """What the trainer knows of a loss without calling it, declared where it is registered
+    (`@LOSSES.register("name", advantage_weighted=True)`)."""
+
+    # every token term is A times a function of the ratio: a sample with A = 0 on each trained token has a
+    # zero gradient, so the trainer skips its forward pass (GRPO groups whose trajectories all scored the
+    # same). False by default, since a loss with a term of its own (an entropy bonus, a KL to a reference)
+    # would lose that term's gradient on the skipped samples.
+    advantage_weighted: bool = False
+
+
 # algorithm.loss -> loss(logp, old_logp, adv, mask, clip_eps) -> (loss, stats); every [B, L] tensor padded
-LOSSES: Registry = Registry("loss")
-# the losses whose every token term is A times a function of the ratio: a sample with A = 0 on each trained
-# token has a zero gradient, so the trainer skips its forward pass (GRPO groups whose trajectories all scored
-# the same). A registered loss with a term of its own (an entropy bonus, a KL to a reference) stays out.
-ADVANTAGE_WEIGHTED: set[str] = set()
+LOSSES: Registry[Callable[..., tuple[torch.Tensor, dict[str, float]]], LossTraits] = Registry("loss", LossTraits)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -27,7 +37,7 @@ def k3(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_r) - log_r
 
 
-@LOSSES.register("ppo_clip")
+@LOSSES.register("ppo_clip", advantage_weighted=True)
 def ppo_clip_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -44,9 +54,6 @@ def ppo_clip_loss(
             "surrogate": masked_mean(unclipped, mask).item(),
         }
     return loss, stats
-
-
-ADVANTAGE_WEIGHTED.add("ppo_clip")
 
 
 def with_reference_kl(

@@ -29,10 +29,9 @@ from infra.progress import progress_bar
 from infra.ranks import ray_ranks, spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
 from tasks import context
-from tasks.advantages import TRAJECTORY_ESTIMATORS, token_rewards
+from tasks.advantages import ESTIMATORS, token_rewards
 from tasks.certificate import Bound, Segment, bound, episode_terms, return_span, reward_range, team_advantages
-from tasks.decoupled import train_items
-from tasks.losses import ADVANTAGE_WEIGHTED, LOSSES, with_reference_kl
+from tasks.losses import LOSSES, with_reference_kl
 from tasks.stage import stage
 from tasks.trust_region import kl_tok
 
@@ -57,7 +56,7 @@ def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> tuple[list[
     """Weights unit `unit`'s update batch, and the number of its samples left out for their length."""
     ctx = context.of(run_dir)
     df = store.load_actions(run_dir, iteration, phase)
-    items = train_items(df[df["agent"].isin(ctx.roles_of(unit))], ctx.config.algorithm.kl_loss_coef > 0)
+    items = ctx.pipeline.train_items(df[df["agent"].isin(ctx.roles_of(unit))], ctx.config.algorithm.kl_loss_coef > 0)
     return within_length(items, ctx.config.algorithm.max_sample_tokens)
 
 
@@ -173,7 +172,7 @@ def measure_update(
     kl = float(np.mean(rho - 1 - np.log(rho))) if len(rho) else 0.0  # the k3 token mean, as the trust region's
     if not episodes:
         return kl, None, FEW_HELD_OUT
-    trajectory = cfg.estimator in TRAJECTORY_ESTIMATORS
+    trajectory = ESTIMATORS.traits(cfg.estimator).trajectory
     team = df[df["episode_id"].isin(episodes)]
     group = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")["group_id"]
     rewards = episode_rewards(team, trajectory)
@@ -338,7 +337,7 @@ def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, ver
         seed=ctx.seed_for("update", iteration, phase, agent),
         optimizer_state=checkpoint_dir(ctx.run_dir, agent, version_before) / OPTIMIZER,
         temperature=ctx.config.rollout.temperature,
-        skip_zero_advantage=cfg.loss in ADVANTAGE_WEIGHTED and cfg.kl_loss_coef == 0,
+        skip_zero_advantage=LOSSES.traits(cfg.loss).advantage_weighted and cfg.kl_loss_coef == 0,
         **more,
     )
 

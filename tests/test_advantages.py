@@ -187,6 +187,13 @@ def test_registry_names():
     assert {"reinforce_pp", "grpo", "rloo"} <= set(ESTIMATORS)
 
 
+def test_the_built_in_estimators_declare_their_traits():
+    """Only REINFORCE++ has a KL term in the reward; only MARS's GRPO sees whole trajectories."""
+    traits = {name: ESTIMATORS.traits(name) for name in ("reinforce_pp", "grpo", "grpo_trajectory", "rloo")}
+    assert {n for n, t in traits.items() if t.uses_kl} == {"reinforce_pp"}
+    assert {n for n, t in traits.items() if t.trajectory} == {"grpo_trajectory"}
+
+
 @pytest.mark.parametrize("missing", [None, float("nan")])
 def test_estimate_skips_missing_scores(missing):
     samples = [S(0.5, n=2), S(missing, n=3), S(1.0)]

@@ -1,12 +1,12 @@
-"""FFD bin packing (tasks/binpack.py) and balanced sampling (tasks/balanced_sampling.py)."""
+"""FFD bin packing and balanced sampling (pipelines/dual_system/binpack.py, balanced_sampling.py)."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from tasks.balanced_sampling import balanced_counts
-from tasks.binpack import first_fit_decreasing, lower_bound, pack, split_oversized
+from pipelines.dual_system.balanced_sampling import balanced_counts
+from pipelines.dual_system.binpack import first_fit_decreasing, lower_bound, pack, split_oversized
 
 
 def test_ffd_hand_example():

@@ -121,10 +121,8 @@ class _Scripted:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return [Generation([1], ids, [-0.5] * len(ids), text, False) for _ in prompts]
 
-    def extract(self, calls):
-        from tasks.extract import extract
-
-        return extract.fn(self.pipe, self, calls, self.pipe.cfg.bin_tokens)
+    def stage(self, name, fn, *args):
+        return fn(*args)
 
 
 @pytest.mark.parametrize("examples", [True, False])

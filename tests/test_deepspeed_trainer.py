@@ -185,7 +185,8 @@ def test_deepspeed_trainer_makes_the_torch_trainers_update(policy, fake_deepspee
 
     from infra.engines.config import EnginesConfig
     from infra.engines.deepspeed import DeepSpeedTrainer
-    from infra.trainer import TrainSpec, train_agent
+    from infra.engines.torch import train_agent
+    from infra.trainer import TrainSpec
     from tasks.losses import ppo_clip_loss
 
     items = _items()
@@ -340,7 +341,8 @@ def test_zero3_moments_round_trip_through_its_empty_param_groups(tmp_path):
 def test_torch_trainer_starts_fresh_on_another_trainers_state(policy, tmp_path):
     import torch
 
-    from infra.trainer import TrainSpec, train_agent
+    from infra.engines.torch import train_agent
+    from infra.trainer import TrainSpec
     from tasks.losses import ppo_clip_loss
 
     torch.save({"trainer": "deepspeed", "zero_stage": 3, "layout": [[1]], "state": {}}, tmp_path / "opt.pt")

@@ -30,6 +30,14 @@ def test_registry_resolves_the_cpu_engines_by_name():
     assert known("generation") == ["hf", "vllm"] and known("trainer") == ["deepspeed", "torch"]
 
 
+def test_the_config_schema_offers_the_built_in_engines_and_refuses_no_plugin_one():
+    from infra.engines.config import EnginesConfig
+
+    props = EnginesConfig.model_json_schema()["properties"]
+    for kind, names in (("generation", ["hf", "vllm"]), ("trainer", ["torch", "deepspeed"])):
+        assert props[kind]["type"] == "string" and props[kind]["examples"] == names and "enum" not in props[kind]
+
+
 def test_unknown_engine_names_the_known_ones():
     with pytest.raises(EngineUnavailable, match=r"unknown generation engine 'sglang'; known: hf, vllm"):
         engine_class("generation", "sglang")
@@ -375,6 +383,6 @@ def test_gpu_preset_and_engine_checks():
         load_config("tiny", ["engines.generation=vllm"])
     with pytest.raises(ConfigError, match="set engines.device=cuda"):
         load_config("tiny", ["engines.trainer=deepspeed"])
-    with pytest.raises(ConfigError, match=r"engines.generation: Input should be 'hf' or 'vllm'"):
+    with pytest.raises(ConfigError, match=r"engines.generation: .*unknown generation engine 'sglang'; known: hf, vllm"):
         load_config("tiny", ["engines.generation=sglang"])
     assert load_config("tiny", ["engines.vllm.gpu_memory_utilization=0.5"]).engines.vllm.gpu_memory_utilization == 0.5

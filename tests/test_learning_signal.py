@@ -10,10 +10,11 @@ from functools import partial
 import numpy as np
 import torch
 
+from infra.engines.torch import train_agent
 from infra.generation import encode_chat, generate, score_logprobs
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, TrainSpec, train_agent
+from infra.trainer import TrainItem, TrainSpec
 from tasks.advantages import Sample, estimate
 from tasks.losses import ppo_clip_loss
 

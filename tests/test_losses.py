@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tasks.losses import masked_mean, ppo_clip_loss
+from tasks.losses import LOSSES, masked_mean, ppo_clip_loss
 
 
 def test_masked_mean():
@@ -79,3 +79,8 @@ def test_reference_kl_term_against_hand_values():
     assert logp.grad[0, 0].item() == pytest.approx(0.1 * 0.5, rel=1e-5) and logp.grad[0, 1].item() == 0.0
     with pytest.raises(ValueError, match="without the reference pass"):
         loss_fn(logp, logp.detach(), torch.zeros(1, 2), torch.ones(1, 2))
+
+
+def test_ppo_clip_is_advantage_weighted():
+    """Every token term of PPO-clip is A times a function of the ratio: the trainer may skip A = 0 samples."""
+    assert LOSSES["ppo_clip"] is ppo_clip_loss and LOSSES.traits("ppo_clip").advantage_weighted

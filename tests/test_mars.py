@@ -9,9 +9,9 @@ import pytest
 from pipelines.deepresearch import DeepResearchConfig
 from pipelines.deepresearch.prompts import parse_turn
 from pipelines.deepresearch.scoring import exact_match, f1
+from pipelines.dual_system.balanced_sampling import balance_system1
+from pipelines.dual_system.decoupled import Turn, join_turns
 from tasks.advantages import Sample, estimate
-from tasks.compute_advantages import balance_system1
-from tasks.decoupled import Turn, join_turns
 
 
 def test_parse_turn():
@@ -100,18 +100,22 @@ def _row(ep, system, adv):
     return {"episode_id": ep, "system": system, "advantages": [adv, adv], "weight": 1}
 
 
+def _systems(rows):
+    return [r["system"] for r in rows]
+
+
 def test_balance_system1_matches_system2_count():
     rng = np.random.default_rng(0)
     rows = [_row(e, 2, 0.0) for e in "abc"] + [_row(e, 1, a) for e, a in zip("aaabbd", [1, 0, 2, 0, 3, 1])]
     rows[2]["weight"] = 0  # an episode without an advantage does not count
-    balance_system1(rows, "advantage", rng)
+    balance_system1(rows, _systems(rows), "advantage", rng)
     s1 = [r["weight"] for r in rows if r["system"] == 1]
     assert sum(s1) == 2 and max(s1) == 1  # two System-2 trajectories -> two System-1 samples
     few = [_row("a", 2, 1.0), _row("b", 2, 1.0), _row("c", 2, 1.0), _row("a", 1, 1.0)]
-    balance_system1(few, "advantage", rng)
+    balance_system1(few, _systems(few), "advantage", rng)
     assert few[-1]["weight"] == 3  # up-sampled by duplication
     off = [_row("a", 2, 1.0), _row("a", 1, 1.0), _row("a", 1, 1.0)]
-    balance_system1(off, "off", rng)
+    balance_system1(off, _systems(off), "off", rng)
     assert [r["weight"] for r in off] == [1, 1, 1]
 
 
@@ -225,10 +229,13 @@ def test_rubric_blames_the_system_that_failed():
 
 
 def test_system1_coach_credit_replaces_only_system1_advantages():
-    """`algorithm.system1_credit=coach`: System 2 keeps its trajectory advantage; each System-1 sample gets
+    """`pipeline.system1_credit=coach`: System 2 keeps its trajectory advantage; each System-1 sample gets
     GRPO over coach / 10 within its question's group (g: 10 and 0 -> +1 and -1; h: 10 and 10 -> 0 and 0);
     an unscored extraction gets none."""
-    from tasks.compute_advantages import system1_coach_credit
+    from functools import partial
+
+    from pipelines.base import CreditBatch
+    from pipelines.dual_system import system1_coach_credit
 
     def s(ep, group, agent, r):
         return Sample(ep, group, agent, 0, np.zeros(2), None, r)
@@ -253,7 +260,7 @@ def test_system1_coach_credit_replaces_only_system1_advantages():
     ]
     advs = estimate("grpo_trajectory", samples, eps=0.0)
     raws = estimate("grpo_trajectory", samples, eps=0.0, scale=False)
-    system1_coach_credit(recs, samples, advs, raws, eps=1e-9)
+    system1_coach_credit(CreditBatch(recs, samples, advs, raws, True, partial(estimate, eps=1e-9)))
     assert advs[-1] is None and raws[-1] is None
     assert [a[0] for a in advs[:-1]] == pytest.approx([1.0, 1.0, -1.0, -1.0, 0.0, 0.0])
     assert [a[0] for a in raws[:-1]] == pytest.approx([0.5, 0.5, -0.5, -0.5, 0.0, 0.0])
@@ -276,6 +283,7 @@ def test_advantage_rows_train_only_positive_advantages_when_asked(monkeypatch):
 
     import pandas as pd
 
+    from pipelines.base import PipelineBase
     from tasks import compute_advantages as ca
     from tasks.algorithm import AlgorithmConfig
 
@@ -299,7 +307,7 @@ def test_advantage_rows_train_only_positive_advantages_when_asked(monkeypatch):
     eps = pd.DataFrame({"episode_id": list("abcd"), "outcome": rewards, "group_id": "g"})
     for positive_only in (False, True):
         algo = AlgorithmConfig(estimator="grpo_trajectory", kl_coef=0.0, positive_only=positive_only, whiten_eps=1e-12)
-        run = SimpleNamespace(config=SimpleNamespace(algorithm=algo), seed_for=lambda *p: 0)
+        run = SimpleNamespace(config=SimpleNamespace(algorithm=algo), seed_for=lambda *p: 0, pipeline=PipelineBase())
         monkeypatch.setattr(ca.context, "of", lambda _d, run=run: run)
         monkeypatch.setattr(ca.store, "load_actions", lambda *_a: acts)
         monkeypatch.setattr(ca.store, "read_table", lambda *_a: eps)
@@ -314,13 +322,27 @@ def test_system1_coach_credit_needs_a_coach_and_a_trajectory_estimator():
     from flows.config import load_config
     from tasks.config import ConfigError
 
-    load_config("deepresearch-tiny", ["algorithm.system1_credit=coach", "coach.backend=rubric"])
+    load_config("deepresearch-tiny", ["pipeline.system1_credit=coach", "coach.backend=rubric"])
     with pytest.raises(ConfigError, match="coach.backend rubric or llm"):
-        load_config("deepresearch-tiny", ["algorithm.system1_credit=coach"])
+        load_config("deepresearch-tiny", ["pipeline.system1_credit=coach"])
     with pytest.raises(ConfigError, match="got grpo,"):
         load_config(
-            "deepresearch-tiny", ["algorithm.system1_credit=coach", "coach.backend=rubric", "algorithm.estimator=grpo"]
+            "deepresearch-tiny", ["pipeline.system1_credit=coach", "coach.backend=rubric", "algorithm.estimator=grpo"]
         )
+
+
+def test_dual_system_knobs_saved_under_algorithm_still_load():
+    """A config saved when `balance` and `system1_credit` were `algorithm` keys: a dual-system pipeline gets
+    them as its own (unless it sets them), any other pipeline drops them (it never used them)."""
+    from tasks.config import RunConfig, validate
+
+    old = {"balance": "uniform", "system1_credit": "coach", "estimator": "grpo_trajectory", "kl_coef": 0.0}
+    cfg = validate({"pipeline": {"name": "deepresearch"}, "coach": {"backend": "rubric"}, "algorithm": old}, RunConfig)
+    assert (cfg.pipeline.balance, cfg.pipeline.system1_credit) == ("uniform", "coach")
+    mine = {"name": "deepresearch", "balance": "off"}
+    assert validate({"pipeline": mine, "algorithm": {"balance": "uniform"}}, RunConfig).pipeline.balance == "off"
+    math = validate({"algorithm": {"balance": "advantage", "system1_credit": "trajectory"}}, RunConfig)
+    assert "balance" not in math.algorithm.model_dump() and not hasattr(math.pipeline, "balance")
 
 
 @pytest.mark.slow
@@ -334,7 +356,7 @@ def test_system1_coach_credit_and_kl_loss_flow(prefect_harness, tmp_path):
     from flows.train import train
     from infra import store
 
-    over = ["algorithm.system1_credit=coach", "coach.backend=rubric", "algorithm.kl_loss_coef=0.05"]
+    over = ["pipeline.system1_credit=coach", "coach.backend=rubric", "algorithm.kl_loss_coef=0.05"]
     cfg = load_config("deepresearch-tiny", [f"run.dir={tmp_path}", "run.id=s1coach", *MARS, *over])
     run_dir = train(config=cfg)
     adv = store.read_table(run_dir, "advantages", 1, "rollout")

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from pipelines.base import own_weights, role_versions, weight_units
-from tasks.compute_advantages import balance_system1
-from tasks.decoupled import train_items
+from pipelines.dual_system.balanced_sampling import balance_system1
+from pipelines.dual_system.decoupled import train_items
 
 ROLES = {"system2": "shared", "system1": "shared"}
 
@@ -41,7 +41,7 @@ def _episode(ep: str, adv: float, s1_advs: list[float]) -> list[dict]:
 def _balanced(rng=None) -> list[dict]:
     """Three episodes, five System-1 bins, balanced to System 2's three trajectories with p ~ |A|."""
     rows = _episode("a", 1.0, [0.5, 2.0]) + _episode("b", -1.0, [1.0, 0.0]) + _episode("c", 0.5, [3.0])
-    balance_system1(rows, "advantage", rng or np.random.default_rng(0))
+    balance_system1(rows, [r["system"] for r in rows], "advantage", rng or np.random.default_rng(0))
     return rows
 
 

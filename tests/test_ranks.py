@@ -13,8 +13,9 @@ import pytest
 import torch
 from conftest import tiny_config, train_items
 
+from infra.engines.torch import train_agent
 from infra.ranks import RankFailed, spawn_ranks
-from infra.trainer import TrainSpec, train_agent
+from infra.trainer import TrainSpec
 from tasks.losses import LOSSES
 
 SPEC = TrainSpec(lr=1e-2, weight_decay=0.0, epochs=2, minibatch_size=4, max_grad_norm=1.0, seed=3, micro_batch_size=1)

@@ -81,6 +81,7 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
     from flows.train import train
     from infra import store
     from tasks import context
+    from tasks.collect_rollouts import ShardPlayer
 
     run_dir = train(
         config=tiny_config(
@@ -94,7 +95,7 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
             "engines.ray.placement=strict_spread",
         )
     )
-    nodes = context.of(run_dir).rollout_workers().placement()
+    nodes = context.of(run_dir).rollout_workers(ShardPlayer).placement()
     assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
     assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
@@ -108,7 +109,7 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
 
 
 def test_shards_keep_groups_whole():
-    from tasks.rollout_workers import shards
+    from infra.engines.ray_rollouts import shards
 
     groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
     parts = shards(groups, 2)

@@ -7,10 +7,11 @@ import pytest
 import torch
 from conftest import train_items
 
+from infra.engines.torch import train_agent
 from infra.generation import response_logprobs
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, TrainSpec, batch_logprobs, by_prompt, train_agent
+from infra.trainer import TrainItem, TrainSpec, batch_logprobs, by_prompt
 from tasks.losses import ppo_clip_loss
 
 

@@ -9,9 +9,10 @@ import torch
 
 from flows.config import load_config
 from flows.train import update_order, update_phase
+from infra.engines.torch import train_agent
 from infra.models import ModelConfig
 from infra.policy import TeamPolicy
-from infra.trainer import TrainItem, TrainSpec, batch_logprobs, train_agent
+from infra.trainer import TrainItem, TrainSpec, batch_logprobs
 from tasks.losses import ppo_clip_loss
 from tasks.trust_region import kl_tok
 from tasks.update import enforce_trust_region

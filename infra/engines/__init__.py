@@ -37,6 +37,8 @@ REGISTRY["generation"].register("hf", EngineSpec("infra.engines.hf:HFGeneration"
 REGISTRY["generation"].register("vllm", EngineSpec("infra.engines.vllm:VLLMGeneration", ("vllm",), "gpu"))
 REGISTRY["trainer"].register("torch", EngineSpec("infra.engines.torch:TorchTrainer", ()))
 REGISTRY["trainer"].register("deepspeed", EngineSpec("infra.engines.deepspeed:DeepSpeedTrainer", ("deepspeed",), "gpu"))
+# the names registered so far: teamrl's own, before a plugin module can add one (the config form offers them)
+BUILT_IN = {kind: tuple(registry) for kind, registry in REGISTRY.items()}
 
 
 class EngineUnavailable(TeamrlError, RuntimeError):

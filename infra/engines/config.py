@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from infra.engines import BUILT_IN, REGISTRY
 from infra.engines.vllm import VLLMConfig
 from infra.engines.zero import DeepSpeedConfig
+
+
+def registered(kind: str) -> AfterValidator:
+    """Accept an engine name of `kind` that is registered when the config is read: a plugin's too, since a
+    run config imports its `plugins` before validating its sections."""
+
+    def check(name: str) -> str:
+        if name not in REGISTRY[kind]:
+            REGISTRY[kind].unknown(name)  # a UsageError (a ValueError) listing the known names
+        return name
+
+    return AfterValidator(check)
 
 
 class RayConfig(BaseModel):
@@ -38,17 +51,19 @@ class EnginesConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    generation: Literal["hf", "vllm"] = Field(
+    generation: Annotated[str, registered("generation")] = Field(
         "hf",
+        examples=list(BUILT_IN["generation"]),
         description="generation engine: `hf` (transformers generate on "
-        "the team's model) or `vllm` (vLLM, one LoRA adapter per agent; GPU, "
-        "`pip install -e .[gpu]`)",
+        "the team's model), `vllm` (vLLM, one LoRA adapter per agent; GPU, "
+        "`pip install -e .[gpu]`) or one a module of `plugins` registers",
     )
-    trainer: Literal["torch", "deepspeed"] = Field(
+    trainer: Annotated[str, registered("trainer")] = Field(
         "torch",
-        description="trainer: `torch` (plain PyTorch + AdamW) or "
+        examples=list(BUILT_IN["trainer"]),
+        description="trainer: `torch` (plain PyTorch + AdamW), "
         "`deepspeed` (the same loss and AdamW under DeepSpeed ZeRO; GPU, "
-        "`pip install -e .[gpu]`)",
+        "`pip install -e .[gpu]`) or one a module of `plugins` registers",
     )
     runner: Literal["local", "ray"] = Field(
         "local",

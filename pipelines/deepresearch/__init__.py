@@ -27,7 +27,6 @@ from pipelines.base import (
     Act,
     AgentSpec,
     Episode,
-    PipelineBase,
     Problem,
     ToolCall,
     action_row,
@@ -52,6 +51,7 @@ from pipelines.deepresearch.prompts import (
 )
 from pipelines.deepresearch.scoring import exact_match, f1, rubric_scores
 from pipelines.deepresearch.search import SearchIndex
+from pipelines.dual_system import DualSystem
 
 SHARED = "shared"  # the weights both systems share (shared_model): its checkpoints, updates rows, registered model
 
@@ -62,7 +62,7 @@ def _docs_index(path: str) -> SearchIndex:
     return SearchIndex(corpus.load_docs(path))
 
 
-class DeepResearch(PipelineBase):
+class DeepResearch(DualSystem):
     name = "deepresearch"
     Config: type[BaseModel] = DeepResearchConfig
 
@@ -196,7 +196,7 @@ class DeepResearch(PipelineBase):
                 for i, (g, kind, arg, purpose) in turns.items()
                 if kind in ("search", "python") and arg and not last
             }
-            extractions = dict(zip(calls, act.extract(list(calls.values())))) if c.system1 and calls else {}
+            extractions = dict(zip(calls, self.extract(act, list(calls.values())))) if c.system1 and calls else {}
             still = []
             for i, (g, kind, arg, purpose) in turns.items():
                 e = eps[i]

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from infra.sandbox import SandboxConfig
+from pipelines.dual_system import DualSystemConfig
 
 AnswerKind = Literal["name", "year"]  # what a question asks for (corpus.answer_kind)
 
 
-class DeepResearchConfig(BaseModel):
-    """The MARS research team, its corpus and its turn budget."""
+class DeepResearchConfig(DualSystemConfig):
+    """The MARS research team, its corpus and its turn budget (and the dual-system knobs: bin_tokens, balance,
+    system1_credit)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,7 +61,6 @@ class DeepResearchConfig(BaseModel):
         "format alone",
     )
     top_k: int = Field(3, ge=1, description="documents per search")
-    bin_tokens: int = Field(384, ge=16, description="System 1's context budget: document tokens per packed bin")
     context_tokens: int = Field(
         256,
         ge=16,

@@ -13,15 +13,17 @@ checkpoints from it.
 Each shard is whole GRPO groups and has its own sampling seed (run seed, stage, shard), so a run is
 reproducible for a given number of workers; it differs from the local runner's samples, whose seed
 covers one batch of all episodes.
+
+The actors know nothing of teams: each opens the run once with the `open_player(run_dir)` it was given
+(tasks/collect_rollouts.py's ShardPlayer, shipped by reference) and hands every shard to that player.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from infra.engines.config import RayConfig
-from tasks import context
-from tasks.acting import TeamActs
 
 
 def shards(groups: list[str], n: int) -> list[range]:
@@ -33,10 +35,10 @@ def shards(groups: list[str], n: int) -> list[range]:
 
 
 class RolloutActors:
-    """The rollout actors of one run (`RunContext.rollout_workers()`), placed by a placement group; `close`
-    kills them and frees the group's resources."""
+    """The rollout actors of one run (`RunContext.rollout_workers`), placed by a placement group, each
+    playing with `open_player(run_dir)`; `close` kills them and frees the group's resources."""
 
-    def __init__(self, cfg: RayConfig):
+    def __init__(self, cfg: RayConfig, open_player: Callable[[str], Any], run_dir: str):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -58,7 +60,7 @@ class RolloutActors:
                 num_cpus=cfg.cpus_per_worker,
                 num_gpus=cfg.gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, i),
-            ).remote()
+            ).remote(open_player, run_dir)
             for i in range(cfg.rollout_workers)
         ]
 
@@ -68,34 +70,13 @@ class RolloutActors:
 
         return [ray.get(a.node.remote()) for a in self.actors]
 
-    def play(
-        self,
-        run_dir: str,
-        versions: dict[str, int],
-        problems: list,
-        episode_ids: list[str],
-        group_ids: list[str],
-        temperature: float,
-        greedy: bool,
-        seed_parts: tuple,
-    ) -> list:
-        """The episodes of `problems`, played shard by shard on the actors, in the input order."""
+    def play(self, group_ids: list[str], shard_args: Callable[[range, int], tuple]) -> list:
+        """The episodes of every shard of whole groups, played on the actors and gathered in input order:
+        actor j plays `player.play(*shard_args(indices, j))`."""
         import ray
 
         parts = shards(group_ids, len(self.actors))
-        futures = [
-            a.play.remote(
-                run_dir,
-                versions,
-                problems[r.start : r.stop],
-                episode_ids[r.start : r.stop],
-                group_ids[r.start : r.stop],
-                temperature,
-                greedy,
-                seed_parts + (j,),
-            )
-            for j, (a, r) in enumerate(zip(self.actors, parts))
-        ]
+        futures = [a.play.remote(*shard_args(r, j)) for j, (a, r) in enumerate(zip(self.actors, parts))]
         return [e for eps in ray.get(futures) for e in eps]
 
     def close(self) -> None:
@@ -111,35 +92,18 @@ class RolloutActors:
 
 
 class RolloutWorker:
-    """A Ray actor that plays episodes with the team of its run (`context.of`: the engines load once)."""
+    """A Ray actor that plays shards with the player it opens for its run on first use (the engines load once)."""
+
+    def __init__(self, open_player: Callable[[str], Any], run_dir: str):
+        self.open_player, self.run_dir = open_player, run_dir
+        self.player: Any = None
 
     def node(self) -> str:
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
-    def play(
-        self,
-        run_dir: str,
-        versions: dict[str, int],
-        problems: list,
-        episode_ids: list[str],
-        group_ids: list[str],
-        temperature: float,
-        greedy: bool,
-        seed_parts: tuple,
-    ) -> list:
-        ctx = context.of(run_dir)
-        pipe, engine = ctx.pipeline, ctx.generation_engine()
-        engine.use(run_dir, versions)
-        act = TeamActs(
-            engine,
-            ctx.policy.tokenizer,
-            pipe,
-            temperature,
-            greedy,
-            lambda n=1: None,
-            lambda agent, n: context.stage_seed(*seed_parts, agent, n),
-            in_flow=False,
-        )
-        return pipe.run_episodes(problems, episode_ids, group_ids, act)
+    def play(self, *args) -> list:
+        if self.player is None:
+            self.player = self.open_player(self.run_dir)
+        return self.player.play(*args)

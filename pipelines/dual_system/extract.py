@@ -1,20 +1,17 @@
-"""DAG stage `extract`: MARS System-1 extraction over bin-packed tool output.
+"""System-1 extraction over bin-packed tool output (MARS), the DAG stage `extract`.
 
 Per System-2 turn, every tool call of every active episode hands its raw documents here. Each call's
 documents are tokenized, cut where longer than a bin, and packed with First Fit Decreasing into bins of
-`capacity` tokens (tasks/binpack.py); then System 1 reads every bin of every call in ONE batched
-generation and writes what serves the call's purpose. It runs inside `collect_rollouts` once per
-turn (System 2's next turn needs the extractions), as its own Prefect task run.
+`capacity` tokens (binpack.py); then System 1 reads every bin of every call in ONE batched generation and
+writes what serves the call's purpose. The pipeline runs it through `act.stage("extract", ...)`, once per
+turn (System 2's next turn needs the extractions), so it is its own Prefect task run.
 """
 
 from __future__ import annotations
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from infra.faults import crash_point
 from pipelines.base import Extraction, ToolCall
-from tasks.binpack import lower_bound, pack
+from pipelines.dual_system.binpack import lower_bound, pack
 
 
 def pack_call(tokenizer, documents: list[str], capacity: int) -> tuple[list[str], int, int]:
@@ -25,7 +22,6 @@ def pack_call(tokenizer, documents: list[str], capacity: int) -> tuple[list[str]
     return texts, sum(sizes), lower_bound(sizes, capacity)
 
 
-@task(name="extract", cache_policy=NO_CACHE, persist_result=False)
 def extract(pipe, act, calls: list[ToolCall], capacity: int) -> list[Extraction]:
     """System 1 over the packed bins of `calls`: one Extraction per call, in order."""
     packed = [pack_call(act.tokenizer, c.documents, capacity) for c in calls]

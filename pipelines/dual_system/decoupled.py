@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.trainer import TrainItem
+from pipelines.base import ref_of, row_items
 
 
 @dataclass
@@ -52,16 +53,18 @@ def join_turns(turns: list[Turn]) -> Turn:
 
 
 def train_items(df, reference: bool = False) -> list[TrainItem]:
-    """The update batch of one weights unit from its roles' action rows: MARS System 2's turns give one
-    trajectory sample per episode (observations masked, `join_turns`), every other row (System 1, a
-    single-system agent) its own sample `weight` times (the duplication count of balanced sampling). A
-    shared MARS model gets both parts in one batch, so one token-mean loss covers both systems. `reference`:
-    the items carry the rows' reference log-probs, for a loss with a KL term to the reference."""
+    """The update batch of one weights unit from its roles' action rows: System 2's turns give one
+    trajectory sample per episode (observations masked, `join_turns`), every other row (System 1) its own
+    sample `weight` times (the duplication count of balanced sampling). A shared MARS model gets both parts
+    in one batch, so one token-mean loss covers both systems. `reference`: the items carry the rows'
+    reference log-probs, for a loss with a KL term to the reference."""
     df = df[df["weight"].fillna(0) > 0]
     s2, rest = df[df["system"] == 2], df[df["system"] != 2]
     turns = [
         [
-            Turn(r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"], _ref(r, reference))
+            Turn(
+                r["prompt_ids"], r["response_ids"], r["logprobs"], r["advantages"], r["loss_mask"], ref_of(r, reference)
+            )
             for r in g.sort_values("turn").to_dict("records")
         ]
         for _, g in s2.groupby("episode_id", sort=True)
@@ -70,22 +73,4 @@ def train_items(df, reference: bool = False) -> list[TrainItem]:
         TrainItem(t.prompt_ids, t.response_ids, t.logprobs, t.advantages, t.loss_mask, t.ref_logprobs)
         for t in map(join_turns, turns)
     ]
-    for r in rest.to_dict("records"):
-        for _ in range(int(r["weight"])):
-            items.append(
-                TrainItem(
-                    list(r["prompt_ids"]),
-                    list(r["response_ids"]),
-                    list(r["logprobs"]),
-                    list(r["advantages"]),
-                    list(r["loss_mask"]),
-                    _ref(r, reference),
-                )
-            )
-    return items
-
-
-def _ref(row: dict, wanted: bool) -> list[float] | None:
-    """An action row's reference log-probs where `wanted` (None where the rollout ran no reference pass)."""
-    ref = row.get("ref_logprobs") if wanted else None
-    return None if ref is None else [float(x) for x in ref]
+    return items + row_items(rest, reference)

@@ -5,6 +5,8 @@ count so neither system dominates the shared update budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -32,3 +34,17 @@ def balanced_counts(advantages: np.ndarray, target: int, mode: str, rng: np.rand
     counts[:] = 1
     np.add.at(counts, rng.choice(n, size=target - n, replace=True, p=w / w.sum()), 1)
     return counts
+
+
+def balance_system1(rows: list[dict], systems: Sequence[int], mode: str, rng: np.random.Generator) -> None:
+    """Set the `weight` (duplication count) of the System-1 rows (`systems[i]` is row i's system) so they
+    number exactly as many as System 2's samples, one per trajectory, drawn with p ~ |A| (`advantage`) or
+    uniformly; `off` keeps every one once. A row of weight 0 (no advantage) counts for neither system."""
+    live = [(r, s) for r, s in zip(rows, systems) if r["weight"] > 0]
+    s1 = [r for r, s in live if s == 1]
+    if not s1 or mode == "off":
+        return
+    target = len({r["episode_id"] for r, s in live if s == 2})
+    mean_abs = [float(np.abs(r["advantages"]).mean()) if r["advantages"] else 0.0 for r in s1]
+    for r, c in zip(s1, balanced_counts(np.array(mean_abs), target, mode, rng)):
+        r["weight"] = int(c)
