@@ -68,7 +68,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy on tasks/, infra/ and pipelines/ (pyproject.toml [tool.mypy])
+# mypy on flows/, tasks/, infra/ and pipelines/ (pyproject.toml [tool.mypy])
 typecheck: install
 	$(VENV)/bin/mypy
 

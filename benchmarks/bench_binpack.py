@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_binpack [--quick]
 
 The tool calls are real searches of the deepresearch pipeline's generated corpus (documents of 50 to
-2000 tokens): each training question, searched with top_k documents. Per call, tasks/extract.py cuts
+2000 tokens): each training question, searched with top_k documents. Per call, pipelines/dual_system/extract.py cuts
 documents longer than a bin and packs the pieces with First Fit Decreasing (pipelines/dual_system/binpack.py).
 
 1. Packing quality: System-1 calls (bins) summed over all calls, against the sum of the per-call lower

@@ -26,11 +26,11 @@ SAMPLE = Path(__file__).resolve().parent / "coach_agreement" / "sample" / "abl-t
 
 def coach_chats(n: int) -> tuple[list[list[dict]], int]:
     """The chats the `llm` coach would send for the sample run's first `n` actions, and its reply limit."""
-    from tasks import context
     from tasks.coach import coach_messages
     from tasks.coach_evaluate import coach_requests, load_partition_episodes
+    from tasks.context import RunContext
 
-    ctx = context.of(str(SAMPLE))
+    ctx = RunContext(SAMPLE)
     cfg = ctx.config.coach.model_copy(update={"backend": "llm", "ground_truth": True})
     episodes = load_partition_episodes(str(SAMPLE), 1, "rollout")
     chats = [coach_messages(cfg, r) for r in coach_requests(ctx.pipeline, episodes, True)][:n]

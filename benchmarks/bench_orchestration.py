@@ -45,7 +45,7 @@ from flows.config import load_config
 from flows.train import iteration_stages, no_heartbeat, train_iteration
 from infra import runs, store
 from infra.tracking import Tracker
-from tasks import context
+from tasks.context import RunContext
 from tasks.update import NO_SCORED_ACTIONS
 
 DEMO_PRESET = "mathchat-smol"  # what `make demo` trains
@@ -54,17 +54,17 @@ EXTRAS = ("rest of the iteration",)
 
 
 def agent_names(rd: str) -> list[str]:
-    return [a.name for a in context.of(rd).pipeline.agents]
+    return [a.name for a in RunContext(rd).pipeline.agents]
 
 
 def new_run(root: Path, name: str, preset: str) -> str:
     """A run folder with version-0 checkpoints, as `train` prepares it (the first call loads the model)."""
     cfg = load_config(preset, [f"run.dir={root}", f"run.id={name}", "evaluate=false", "iterations=100"])
     rd = str(runs.create_run(root, name, cfg.model_dump(mode="json")))
-    policy = context.of(rd).policy
-    for a in agent_names(rd):
-        policy.load(rd, a, 0)
-        policy.save(rd, a, 0)
+    with RunContext(rd) as run:
+        for a in agent_names(rd):
+            run.policy.load(rd, a, 0)
+            run.policy.save(rd, a, 0)
     return rd
 
 
@@ -127,7 +127,13 @@ def clocked(module, names: tuple[str, ...], spent: list[float], returned: list |
 @flow(name="bench-orchestration")
 def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     """Iterations of the two runs, alternately; then the overhead's parts, each on its own."""
-    cfg, agents = context.of(rd_flow).config, agent_names(rd_flow)
+    with RunContext(rd_flow) as run_flow, RunContext(rd_plain) as run_plain:
+        return alternately(run_flow, run_plain, repeats, warmup)
+
+
+def alternately(run_flow: RunContext, run_plain: RunContext, repeats: int, warmup: int) -> dict:
+    rd_flow = run_flow.run_dir
+    cfg, agents = run_flow.config, agent_names(rd_flow)
     t0 = time.perf_counter()
     tracker = Tracker(rd_flow, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri, cfg.model_dump(mode="json"))
     out = {"tracker_s": time.perf_counter() - t0, "flow": [], "plain": []}
@@ -141,7 +147,7 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
             clocked(prefect.artifacts, ("create_progress_artifact", "update_progress_artifact"), spent),
             clocked(flows.train, ("trace_partitions",), traced, returned),
         ):
-            m = train_iteration(Path(rd_flow), k, agents, cfg, tracker)
+            m = train_iteration(run_flow, k, agents, cfg, tracker)
         ups = store.read_table(rd_flow, "updates", k)
         trained = int((ups["reason"] != NO_SCORED_ACTIONS).sum())  # an update with nothing to train shows no bar
         out["flow"].append(
@@ -153,7 +159,7 @@ def both_ways(rd_flow: str, rd_plain: str, repeats: int, warmup: int) -> dict:
     def plain(k: int) -> None:
         t0 = time.perf_counter()
         with without_task_runs():
-            m = iteration_stages(rd_plain, k, agents, cfg.algorithm, cfg.seed)
+            m = iteration_stages(run_plain, k, agents, cfg.algorithm, cfg.seed)
         out["plain"].append(split(m, time.perf_counter() - t0))
 
     for k in range(1, warmup + repeats + 1):
@@ -206,7 +212,7 @@ def measure(preset: str, repeats: int, warmup: int) -> tuple[list[dict], list[Ta
         rd_plain = new_run(root, "plain", preset)
         model_s = time.perf_counter() - t0
         rd_flow = new_run(root, "flow", preset)
-        cfg = context.of(rd_flow).config
+        cfg = RunContext(rd_flow).config
         task_runs = 3 + len(agent_names(rd_flow))  # collect, coach, advantages, one update per agent
         t0 = time.perf_counter()
         with prefect_test_harness(server_startup_timeout=120):

@@ -26,45 +26,43 @@ from benchmarks.common import Section
 AGENT = "executor"
 
 
-def _prepared(root: Path, preset: str) -> str:
+def _prepared(root: Path, preset: str):
+    """An opened run (a RunContext) whose iteration 1 is played, scored and has its advantages."""
     from benchmarks.bench_orchestration import new_run, without_task_runs
-    from tasks import context
     from tasks.coach_evaluate import coach_evaluate
     from tasks.collect_rollouts import collect_rollouts
     from tasks.compute_advantages import compute_advantages
+    from tasks.context import RunContext
 
-    rd = new_run(root, "ranks", preset)
-    ctx = context.of(rd)
+    ctx = RunContext(new_run(root, "ranks", preset))
     with without_task_runs():
-        collect_rollouts(rd, 1, "rollout", {r: 0 for r in ctx.weights})
-        coach_evaluate(rd, 1, "rollout")
-        compute_advantages(rd, 1, "rollout")
-    return rd
+        collect_rollouts(ctx, 1, "rollout", {r: 0 for r in ctx.weights})
+        coach_evaluate(ctx, 1, "rollout")
+        compute_advantages(ctx, 1, "rollout")
+    return ctx
 
 
 def _load_only(run_dir: str, rank: int, world: int) -> None:
-    from tasks import context
+    from tasks.context import RunContext
 
-    context.of(run_dir).policy.load(run_dir, AGENT, 0)
+    with RunContext(run_dir) as ctx:
+        ctx.policy.load(run_dir, AGENT, 0)
 
 
 def run(quick: bool = False) -> Section:
     import torch
 
     from infra.ranks import spawn_ranks
-    from tasks import context
     from tasks.update import batch_of, loss_of, spec_of, train_rank
 
     preset, repeats = ("tiny", 1) if quick else ("mathchat-smol", 3)
     threads = 2
-    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as tmp:
-        rd = _prepared(Path(tmp), preset)
-        ctx = context.of(rd)
-        policy = ctx.policy
+    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as tmp, _prepared(Path(tmp), preset) as ctx:
+        rd, policy = ctx.run_dir, ctx.policy
         policy.load(rd, AGENT, 0)
         with policy.materialized(AGENT):
             start = [p.detach().clone() for p in policy.parameters(AGENT)]
-        items, _ = batch_of(rd, 1, "rollout", AGENT)
+        items, _ = batch_of(ctx, 1, "rollout", AGENT)
 
         def update(world: int) -> float:
             with torch.no_grad(), policy.materialized(AGENT, modify=True):

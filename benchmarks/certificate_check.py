@@ -41,10 +41,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from infra import store  # noqa: E402
-from tasks import context  # noqa: E402
 from tasks.advantages import kl_penalty  # noqa: E402
 from tasks.algorithm import AlgorithmConfig  # noqa: E402
 from tasks.certificate import cluster_se  # noqa: E402
+from tasks.context import RunContext  # noqa: E402
 
 Z95_TWO_SIDED = 1.959963984540054
 
@@ -83,7 +83,7 @@ def batch_estimate(run_dir: str, iteration: int, phase: str, cfg: AlgorithmConfi
 def comparisons(run_dir: str) -> list[dict]:
     """One row per certified update (`teamtr`), or per stage (`stale`, and `teamtr` stages too): its
     certificate and gain beside dJ_hat, with the batches each estimate came from."""
-    cfg = context.of(run_dir).config.algorithm
+    cfg = RunContext(run_dir).config.algorithm
     updates = store.read_table(run_dir, "updates")
     updates = updates[updates["phase"].isin(["rollout"]) | updates["phase"].str.startswith("resample")]
     phases = store.read_table(run_dir, "episodes")[["iteration", "phase"]].drop_duplicates()

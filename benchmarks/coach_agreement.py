@@ -118,16 +118,16 @@ def score(
     Each `chunk` of episodes is scored in both modes before the next, and its rows appended to `csv`, so a
     measurement stopped early holds both modes on the same episodes; episodes already there are not scored
     again, so it goes on where it stopped."""
-    from tasks import context
     from tasks.coach import CoachConfig
     from tasks.coach_evaluate import score_clean
+    from tasks.context import RunContext
 
     done = set()
     if csv.exists():
         old = pd.read_csv(csv)
         done = set(zip(old["mode"], old["run"], old["iteration"].astype(int), old["episode_id"]))
     for run_dir in dict.fromkeys(r for r, _ in episodes):
-        ctx = context.of(run_dir)
+        ctx = RunContext(run_dir)
         pipe, base = ctx.pipeline, ctx.config.coach.model_dump()
         mine = [e for r, e in episodes if r == run_dir]
         for k in range(0, len(mine), chunk):
@@ -142,7 +142,7 @@ def score(
                     | {"concurrency": concurrency}
                 )
                 t0 = time.perf_counter()
-                results = score_clean(run_dir, cfg, part)
+                results = score_clean(ctx, cfg, part)
                 per_action = (time.perf_counter() - t0) / max(1, sum(map(len, results)))
                 rows = []
                 for e, rs in zip(part, results):

@@ -35,12 +35,12 @@ def load(run_dir: str) -> pd.DataFrame:
 
     from infra import store
     from infra.models import smollm2_dir
-    from tasks import context
     from tasks.coach import coach_messages
     from tasks.coach_evaluate import coach_requests, load_partition_episodes
+    from tasks.context import RunContext
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
-    ctx = context.of(run_dir)
+    ctx = RunContext(run_dir)
     pipe, cfg = ctx.pipeline, ctx.config.coach
     eps = store.read_table(run_dir, "episodes")
     parts = eps[(eps["phase"] == "rollout") | eps["phase"].str.startswith("resample")][["iteration", "phase"]]
@@ -92,10 +92,10 @@ def main() -> None:
     p.add_argument("--run", required=True, help="a run folder")
     p.add_argument("--write", action="store_true", help="replace the section in benchmarks/README.md")
     args = p.parse_args()
-    from tasks import context
+    from tasks.context import RunContext
 
     df = load(args.run)
-    cfg = context.of(args.run).config.coach
+    cfg = RunContext(args.run).config.coach
     cmd = f"`.venv/bin/python benchmarks/coach_load.py --run {args.run} --write`"
     body = "\n".join([SECTION, "", *table(df, Path(args.run).name, cfg), "", f"Reproduce: {cmd}"])
     print(body)

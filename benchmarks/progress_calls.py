@@ -20,7 +20,7 @@ from flows.config import load_config
 from flows.train import train_iteration
 from infra import runs
 from infra.tracking import Tracker
-from tasks import context
+from tasks.context import RunContext
 
 spent: list[float] = []
 for name in ("create_progress_artifact", "update_progress_artifact"):  # infra/progress.py imports them per call
@@ -37,25 +37,25 @@ for name in ("create_progress_artifact", "update_progress_artifact"):  # infra/p
 
 @flow(name="progress-calls")
 def iterations(rd: str, n: int = 6) -> list[tuple[int, float]]:
-    ctx = context.of(rd)
-    cfg, agents = ctx.config, [a.name for a in ctx.pipeline.agents]
-    tracker = Tracker(rd, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri, cfg.model_dump(mode="json"))
-    per = []
-    for k in range(1, n + 1):
-        spent.clear()
-        train_iteration(Path(rd), k, agents, cfg, tracker)
-        per.append((len(spent), sum(spent)))
-    tracker.finish()
+    with RunContext(rd) as run:
+        cfg, agents = run.config, [a.name for a in run.pipeline.agents]
+        tracker = Tracker(rd, cfg.run.dir, cfg.run.experiment, cfg.run.tracking_uri, cfg.model_dump(mode="json"))
+        per = []
+        for k in range(1, n + 1):
+            spent.clear()
+            train_iteration(run, k, agents, cfg, tracker)
+            per.append((len(spent), sum(spent)))
+        tracker.finish()
     return per[1:]  # the first pays for the server's warm-up
 
 
 root = Path(tempfile.mkdtemp(prefix="progress-calls-"))
 cfg = load_config("tiny", [f"run.dir={root}", "run.id=r", "evaluate=false", "iterations=100"])
 rd = str(runs.create_run(root, "r", cfg.model_dump(mode="json")))
-policy = context.of(rd).policy
-for a in (a.name for a in context.of(rd).pipeline.agents):
-    policy.load(rd, a, 0)
-    policy.save(rd, a, 0)
+with RunContext(rd) as first:
+    for a in (a.name for a in first.pipeline.agents):
+        first.policy.load(rd, a, 0)
+        first.policy.save(rd, a, 0)
 with prefect_test_harness(server_startup_timeout=120):
     per = iterations(rd)
 print(

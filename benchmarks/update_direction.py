@@ -64,11 +64,14 @@ def direction(run_dir: Path, iteration: int) -> pd.DataFrame:
     """Per role: counts and mean log-prob change of the actions with A > 0 and A < 0, corr(A, change), and the
     largest gap between logged and recomputed log-probs before the update."""
     from infra import store
-    from tasks import context
+    from tasks.context import RunContext
 
-    ctx = context.of(run_dir)
+    with RunContext(run_dir) as ctx:
+        return change_by_role(ctx, run_dir, iteration, store.read_table(run_dir, "updates"))
+
+
+def change_by_role(ctx, run_dir: Path, iteration: int, ups: pd.DataFrame) -> pd.DataFrame:
     rows = scored_actions(run_dir, iteration)
-    ups = store.read_table(run_dir, "updates")
     ups = ups[(ups["iteration"] == iteration) & ~ups["skipped"].astype(bool)]
     before = dict(zip(ups["agent"], ups["version_before"]))
     after = dict(zip(ups["agent"], ups["version_after"]))

@@ -30,19 +30,19 @@ from benchmarks.common import Section, machine, write_section  # noqa: E402
 from infra import store  # noqa: E402
 from infra.runs import read_run_config  # noqa: E402
 from infra.trainer import zero_advantage  # noqa: E402
-from tasks import context  # noqa: E402
+from tasks.context import RunContext  # noqa: E402
 from tasks.update import batch_of, loss_of, spec_of  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "zero_advantage.csv"
 TITLE = "Updates without zero-advantage samples (`benchmarks/zero_advantage.py`)"
 
 
-def redo(run_dir: str, iteration: int, unit: str) -> dict:
+def redo(ctx: RunContext, iteration: int, unit: str) -> dict:
     """One recorded update of `unit` at `iteration`, trained each way from its starting weights."""
-    ctx = context.of(run_dir)
+    run_dir = ctx.run_dir
     row = store.read_table(run_dir, "updates", iteration, "rollout").set_index("agent").loc[unit]
     before = int(row["version_before"])
-    items, _ = batch_of(run_dir, iteration, "rollout", unit)
+    items, _ = batch_of(ctx, iteration, "rollout", unit)
     spec = spec_of(ctx, iteration, "rollout", unit, before)
     out: dict = {"iteration": iteration, "unit": unit, "samples": len(items)}
     out["zero-advantage samples"] = sum(map(zero_advantage, items))
@@ -80,8 +80,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the section of benchmarks/README.md")
     args = ap.parse_args()
     torch.manual_seed(0)
-    ctx = context.of(args.run)
-    rows = [redo(args.run, i, u) for i in args.iterations for u in ctx.units]
+    with RunContext(args.run) as ctx:
+        rows = [redo(ctx, i, u) for i in args.iterations for u in ctx.units]
     df = pd.DataFrame(rows)
     df.to_csv(OUT, index=False)
     print(df.to_string(index=False))

@@ -28,10 +28,17 @@ from flows.metrics import partition_metrics
 from infra import runs, store
 from infra.errors import TeamrlError
 from infra.tracking import Tracker
-from tasks import context
-from tasks.align import AlignConfig, checkpoint_meta, latest_rollout_iteration, probe_set, stage0_align
+from tasks.align import (
+    AlignConfig,
+    checkpoint_meta,
+    latest_rollout_iteration,
+    probe_set,
+    record_alignment,
+    stage0_align,
+)
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
+from tasks.context import RunContext
 
 
 class AlignError(TeamrlError, ValueError):
@@ -45,10 +52,10 @@ class Plan:
     version_after: int  # the aligned agent's new version
 
 
-def plan(run_dir: str, cfg: AlignConfig) -> Plan:
+def plan(ctx: RunContext, cfg: AlignConfig) -> Plan:
     """Check that `cfg.agent` of the run can be swapped and aligned now; the versions involved."""
+    run_dir = ctx.run_dir
     name, agent = Path(run_dir).name, cfg.agent
-    ctx = context.of(run_dir)
     agents = [a.name for a in ctx.pipeline.agents]
     if agent not in agents:
         raise AlignError(f"unknown agent {agent!r}; the team of run {name!r} is {', '.join(agents)}")
@@ -73,7 +80,7 @@ def plan(run_dir: str, cfg: AlignConfig) -> Plan:
             f"iteration {k} of run {name!r} is unfinished ({', '.join(missing)} not updated yet): "
             f"finish it with `teamrl train PRESET --resume {name}` first"
         )
-    if not probe_set(run_dir, k, agent, cfg.probe_size):
+    if not probe_set(ctx, k, agent, cfg.probe_size):
         raise AlignError(f"{agent} has no actions with a response in iteration {k}'s rollouts: no probe set")
     team = store.agent_versions(run_dir, agents, k)
     done = up[(up["phase"] == "align") & (up["agent"] == agent)]
@@ -89,11 +96,11 @@ def plan(run_dir: str, cfg: AlignConfig) -> Plan:
     return Plan(k, team, team[agent] + 1)
 
 
-def evaluate_team(run_dir: str, iteration: int, phase: str, versions: dict[str, int]) -> dict[str, float]:
+def evaluate_team(run: RunContext, iteration: int, phase: str, versions: dict[str, int]) -> dict[str, float]:
     """Play (or reuse) held-out partition iteration/phase greedily with `versions`; its metrics."""
-    collect_rollouts(run_dir, iteration, phase, versions, split="eval", greedy=True)
-    coach_evaluate(run_dir, iteration, phase)
-    return partition_metrics(run_dir, iteration, phase)
+    collect_rollouts(run, iteration, phase, versions, split="eval", greedy=True)
+    coach_evaluate(run, iteration, phase)
+    return partition_metrics(run.run_dir, iteration, phase)
 
 
 def before_swap(run_dir: str, iteration: int, team: dict[str, int]) -> dict[str, float] | None:
@@ -119,15 +126,16 @@ def align(run_dir: str, config: AlignConfig) -> dict:
     run_dir, agent = str(run_dir), config.agent
     with runs.run_lock(run_dir):
         runs.remove_temporaries(run_dir)  # what an interrupted writer left half-written
-        p = plan(run_dir, config)
-        k = p.iteration
-        swap_phase, aligned_phase = f"eval-swap-{agent}", f"eval-aligned-{agent}"
-        swapped = evaluate_team(run_dir, k, swap_phase, p.team | {agent: 0})
-        meta = stage0_align(run_dir, k, p.team[agent], config)
-        aligned = evaluate_team(run_dir, k, aligned_phase, p.team | {agent: p.version_after})
+        with RunContext(run_dir) as run:
+            p = plan(run, config)
+            k = p.iteration
+            swap_phase, aligned_phase = f"eval-swap-{agent}", f"eval-aligned-{agent}"
+            swapped = evaluate_team(run, k, swap_phase, p.team | {agent: 0})
+            meta = stage0_align(run, k, p.team[agent], config)
+            aligned = evaluate_team(run, k, aligned_phase, p.team | {agent: p.version_after})
         before = before_swap(run_dir, k, p.team)
         row = {
-            "run_id": context.of(run_dir).run_id,
+            "run_id": run.run_id,
             "iteration": k,
             "phase": "align",
             "agent": agent,
@@ -143,8 +151,8 @@ def align(run_dir: str, config: AlignConfig) -> dict:
             c: meta[c]
             for c in ("probe_actions", "probe_tokens", "lr", "kl_before", "kl_after", "steps", "converged", "seconds")
         }
-        store.write_partition(run_dir, "align", k, "align", [row], name=agent)
-        settings = context.of(run_dir).config.run
+        record_alignment(run, k, agent, row)
+        settings = run.config.run
         tracker = Tracker(
             run_dir,
             Path(run_dir).parent,

@@ -49,9 +49,11 @@ def train(
     keys = {kv.split("=", 1)[0].strip() for kv in (set_ or []) + (overrides or [])}
     if resume and (ignored := sorted(keys - {"iterations", "run.dir"})):
         err.print(f"[yellow]note:[/] with --resume the run's saved config is used; ignoring {', '.join(ignored)}")
-    if not resume and not cfg.run.id:  # named here, so that a message can say how to resume it
-        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"id": new_run_id(cfg.preset)})})
-    rid = resume or cfg.run.id
+    if resume:
+        rid = resume
+    else:  # named here, so that a message can say how to resume it
+        rid = cfg.run.id or new_run_id(cfg.preset)
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"id": rid})})
     finish = f"`teamrl train {preset} --set run.dir={cfg.run.dir} --resume {rid}`"
     try:
         with flow_session():
@@ -160,15 +162,16 @@ def eval_cmd(
             run_dir = registered_team(
                 runs_dir, model, tracking_uri or default_tracking_uri(runs_dir), run_id, problems, docs
             )
-            iteration = 0
+            at = 0
             console.print(f"team with {', '.join(model)}: {run_dir}")
         else:
+            assert run_id is not None  # refused above without a run id or a model
             run_dir = runs.find_run(runs_dir, run_id)
-            iteration = last_iteration(run_dir) if iteration is None else iteration
+            at = last_iteration(run_dir) if iteration is None else iteration
             if problems:
-                source, run_dir = run_dir, problems_team(runs_dir, run_dir, iteration, problems, docs)
-                console.print(f"{source.name}'s team at iteration {iteration}: {run_dir}")
-                iteration = 0
+                source, run_dir = run_dir, problems_team(runs_dir, run_dir, at, problems, docs)
+                console.print(f"{source.name}'s team at iteration {at}: {run_dir}")
+                at = 0
         if user := runs.read_run_config(run_dir).get("problems"):  # a file changed since: refused here
             context.RunContext(run_dir).problems("eval")
     except USER_ERRORS as e:
@@ -181,19 +184,20 @@ def eval_cmd(
     with runs.run_lock(run_dir):
         try:
             with flow_session():
-                m = evaluate(str(run_dir), iteration)
+                m = evaluate(str(run_dir), at)
         except KeyboardInterrupt:
             fail(f"interrupted. Finished evaluation partitions are kept: {finish}", code=130)
         except USER_ERRORS as e:  # e.g. the iteration's checkpoints were pruned (checkpoint.keep_every)
             user_error(e)
-    what = f"your problems ({Path(user['file']).name})" if user else f"held-out evaluation at iteration {iteration}"
+    what = f"your problems ({Path(user['file']).name})" if user else f"held-out evaluation at iteration {at}"
     t = Table(title=f"{run_dir.name}: {what}")
-    t.add_column("metric"), t.add_column("value", justify="right")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
     for k, v in m.items():
         t.add_row(k, f"{v:.3f}")
     console.print(t)
     if user:
-        _problems_report(run_dir, iteration, m, runs_dir)
+        _problems_report(run_dir, at, m, runs_dir)
 
 
 def _problems_report(run_dir: Path, iteration: int, m: dict[str, float], runs_dir: str) -> None:
@@ -227,7 +231,7 @@ def _problems_report(run_dir: Path, iteration: int, m: dict[str, float], runs_di
 
 
 def _align_help(field: str) -> str:
-    return AlignConfig.model_fields[field].description
+    return AlignConfig.model_fields[field].description or ""
 
 
 @app.command()
@@ -253,6 +257,7 @@ def align(
     from flows.align import align as align_flow
     from flows.align import plan
     from infra import runs
+    from tasks.context import RunContext
 
     try:
         cfg = validate(
@@ -267,7 +272,7 @@ def align(
             AlignConfig,
         )
         run_dir = runs.find_run(runs_dir, run_id)
-        plan(str(run_dir), cfg)
+        plan(RunContext(run_dir), cfg)  # refused before a Prefect server starts
         with flow_session():
             result = align_flow(str(run_dir), cfg)
     except KeyboardInterrupt:

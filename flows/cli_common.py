@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -16,7 +17,7 @@ console = Console(width=None if os.isatty(1) else 160)
 err = Console(stderr=True)
 
 
-def fail(msg: str, code: int = 2):
+def fail(msg: str, code: int = 2) -> NoReturn:
     # one line, however narrow the terminal or log; the message's brackets (`.[gpu]`) are text, not markup
     err.print(f"[bold red]error:[/] {escape(msg)}", soft_wrap=True)
     raise typer.Exit(code)
@@ -26,7 +27,7 @@ def fail(msg: str, code: int = 2):
 USER_ERRORS = (TeamrlError, FileNotFoundError, FileExistsError)
 
 
-def user_error(e: Exception, finish: str | None = None):
+def user_error(e: Exception, finish: str | None = None) -> NoReturn:
     """Exit with `e` as one line; a resumable error raised mid-run says how to `finish` the run."""
     more = (
         f". Finished stages are kept: finish the run with {finish}" if finish and getattr(e, "resumable", False) else ""

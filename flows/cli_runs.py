@@ -21,8 +21,8 @@ def runs_list(runs_dir: str = typer.Option("runs", "--dir", help="folder holding
     from infra import runs
 
     t = Table(title=f"runs in {runs_dir}")
-    for c in ("run_id", "preset", "iterations", "seed"):
-        t.add_column(c)
+    for column in ("run_id", "preset", "iterations", "seed"):
+        t.add_column(column)
     damaged = []
     for rid in runs.list_runs(runs_dir):
         try:

@@ -22,24 +22,25 @@ from pipelines.base import role_versions
 from tasks import context
 from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
+from tasks.context import RunContext
 
 
-def evaluate_partition(run_dir: str, iteration: int) -> dict[str, float]:
+def evaluate_partition(run: RunContext, iteration: int) -> dict[str, float]:
     """Play (or reuse) partition iteration=K/phase=eval with the policies after K updates; its metrics."""
-    ctx = context.of(run_dir)
-    versions = role_versions(ctx.weights, store.agent_versions(run_dir, ctx.units, iteration))
-    collect_rollouts(run_dir, iteration, "eval", versions, split="eval", greedy=True)
-    if ctx.config.rollout.eval_samples:
-        collect_rollouts(run_dir, iteration, "eval", versions, split="eval", part="samples")
-    coach_evaluate(run_dir, iteration, "eval")
-    return partition_metrics(run_dir, iteration, "eval")
+    versions = role_versions(run.weights, store.agent_versions(run.run_dir, run.units, iteration))
+    collect_rollouts(run, iteration, "eval", versions, split="eval", greedy=True)
+    if run.config.rollout.eval_samples:
+        collect_rollouts(run, iteration, "eval", versions, split="eval", part="samples")
+    coach_evaluate(run, iteration, "eval")
+    return partition_metrics(run.run_dir, iteration, "eval")
 
 
 @flow(name="evaluate", flow_run_name="evaluate-{iteration}")
 def evaluate(run_dir: str, iteration: int) -> dict[str, float]:
     """Held-out success (greedy) with a 95% bootstrap interval, pass@k, and per-agent statistics."""
-    require("generation", context.of(run_dir).config.engines.generation)
-    return evaluate_partition(run_dir, iteration)
+    with RunContext(run_dir) as run:
+        require("generation", run.config.engines.generation)
+        return evaluate_partition(run, iteration)
 
 
 def last_iteration(run_dir: str | Path) -> int:
@@ -81,7 +82,7 @@ def _problems_config(source: Path, cfg: dict, problems: str | Path, docs: str | 
     """What a folder playing a user's problem file adds to its source run's config: the file, validated by
     the source's pipeline first (so a bad file stops everything before a model loads), and all its problems
     played (no `eval_questions` cut)."""
-    context.of(source).pipeline.load_problems(str(problems), str(docs) if docs else None)
+    RunContext(source).pipeline.load_problems(str(problems), str(docs) if docs else None)
     return {"problems": context.user_problems(problems, docs), "rollout": cfg["rollout"] | {"eval_questions": None}}
 
 
@@ -101,7 +102,7 @@ def problems_team(
         raise UsageError(f"run {source.name} has policy iterations 0..{last}, not {iteration}")
     cfg = runs.read_run_config(source)
     extra = _problems_config(source, cfg, problems, docs)
-    versions = store.agent_versions(source, context.of(source).units, iteration)
+    versions = store.agent_versions(source, RunContext(source).units, iteration)
     checkpoints = {a: saved_checkpoint(source, a, v) for a, v in versions.items()}
     return _new_team(
         runs_dir,
@@ -126,7 +127,7 @@ def registered_team(
     ones, all as version 0, so `evaluate(<folder>, 0)` plays it: on the run's held-out split, or on a user's
     `problems` file (see `problems_team`). The source run is not modified."""
     with tempfile.TemporaryDirectory() as tmp:
-        got = {}
+        got: dict[str, tuple] = {}
         for i, uri in enumerate(models):
             local, mv = resolve(uri, tracking_uri, Path(tmp) / str(i))
             agent = mv.tags["teamrl.agent"]
@@ -141,7 +142,7 @@ def registered_team(
                 "whose team and base model it fits (teamrl eval RUN_ID --model ...)"
             )
         cfg = runs.read_run_config(source)
-        agents = context.of(source).units  # what is registered: the weights units
+        agents = RunContext(source).units  # what is registered: the weights units
         for agent, (_, mv, uri) in got.items():
             if agent not in agents:
                 raise UsageError(f"{uri} is agent {agent!r}; run {source.name}'s team is {agents}")

@@ -274,10 +274,10 @@ def size_text(n: int) -> str:
     """Bytes for people: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.1 GiB`."""
     if n < 1024:
         return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
+    size, units = n / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while size >= 1024 and len(units) > 1:
+        size, units = size / 1024, units[1:]
+    return f"{size:.1f} {units[0]}"
 
 
 def disk_summary(run_dir: str | Path) -> str:

@@ -1,7 +1,7 @@
 """The generated pages of the docs site (docs/reference/): the CLI from each command's `--help`, the run config
-from the pydantic models' Field descriptions, the table schemas from infra/store.py's Arrow schemas.
-Regenerate after changing a command, a config field, a preset or a schema (tests/test_docs.py fails while a
-page is stale):
+from the pydantic models' Field descriptions, the table schemas from infra/schemas.py's Arrow schemas and the
+descriptions they carry. Regenerate after changing a command, a config field, a preset or a schema
+(tests/test_docs.py fails while a page is stale):
 
     .venv/bin/python -m flows.reference
 """
@@ -19,8 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from flows.config import PRESETS, preset_names
-from flows.reference_schemas import COLUMNS, KEY_TEXT, TABLES
-from infra.store import KEYS, SCHEMAS
+from infra.schemas import KEYS, SCHEMAS, description
 from pipelines import PIPELINES
 from tasks.config import RunConfig
 
@@ -267,31 +266,30 @@ def _arrow(t: pa.DataType) -> str:
     return _ARROW.get(str(t), str(t))
 
 
+def _described(item: pa.Field | pa.Schema, what: str) -> str:
+    """`item`'s description; none stops the page, so that a new column is documented where it is added."""
+    if not (text := description(item)):
+        raise ValueError(f"{what} has no description: give it one in infra/schemas.py")
+    return text
+
+
 def schemas_page() -> str:
     lines = [
         "# Table schemas",
         "",
         f"<!-- {REGENERATE} -->",
         "",
-        "The column names and types of every table of a run (`infra/store.py`, `SCHEMAS`). They are the "
+        "The column names and types of every table of a run (`infra/schemas.py`, `SCHEMAS`). They are the "
         "contract: columns may be added, none renamed. A column added after a file was written reads as null. "
         f"Tables join on ({', '.join(f'`{k}`' for k in KEYS)}); see [the run layout and data "
         "contract](../concepts/data-contract.md).",
         "",
     ]
     for table, schema in SCHEMAS.items():
-        if table not in TABLES:
-            raise ValueError(f"table {table} has no description: add it to flows/reference_schemas.py TABLES")
-        described = COLUMNS.get(table, {})
-        if extra := set(described) - set(schema.names):
-            raise ValueError(f"flows/reference_schemas.py describes columns {sorted(extra)} that table {table} lacks")
-        lines += [f"## `{table}`", "", TABLES[table], "", "| column | Arrow type | meaning |", "|---|---|---|"]
+        lines += [f"## `{table}`", "", _described(schema, f"table {table}"), ""]
+        lines += ["| column | Arrow type | meaning |", "|---|---|---|"]
         for field in schema:
-            text = described.get(field.name) or KEY_TEXT.get(field.name)
-            if text is None:
-                raise ValueError(
-                    f"column {table}.{field.name} has no description: add it to flows/reference_schemas.py"
-                )
+            text = _described(field, f"column {table}.{field.name}")
             lines.append(f"| `{field.name}` | `{_arrow(field.type)}` | {_cell(text)} |")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"

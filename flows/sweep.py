@@ -87,24 +87,27 @@ def play_problem_sets(spec: SweepSpec, run_dir: Path) -> dict[str, Path]:
 def train_in_pool(spec: SweepSpec, variant: str, seed: int, parent: str | None) -> None:
     """Run (variant, seed) as a flow run of the sweep's train deployment and wait for it, holding one slot of
     the sweep's concurrency limit meanwhile."""
+    from prefect.client.schemas.objects import FlowRun
     from prefect.concurrency.sync import concurrency
     from prefect.deployments import run_deployment
 
-    cfg = spec.run_config(variant, seed, parent)
-    run_dir = Path(spec.runs_dir) / cfg.run.id
+    cfg, rid = spec.run_config(variant, seed, parent), spec.run_id(variant, seed)
+    run_dir = Path(spec.runs_dir) / rid
     while runs.is_locked(run_dir):  # a flow run an earlier sweep started still trains it: let it end first
         time.sleep(10)
-    resume = cfg.run.id if (run_dir / "config.yaml").exists() else None
+    resume = rid if (run_dir / "config.yaml").exists() else None
     with concurrency(f"sweep-{spec.name}", occupy=1, strict=True):
         fr = run_deployment(
             spec.deployment,
             parameters={"config": cfg.model_dump(mode="json"), "resume": resume},
-            flow_run_name=f"train-{cfg.pipeline.name}-{cfg.run.id}",
+            flow_run_name=f"train-{cfg.pipeline.name}-{rid}",
             tags=["teamrl", f"sweep:{spec.name}"],
             as_subflow=True,
         )
+    if not isinstance(fr, FlowRun):  # the coroutine of an async caller: this flow is sync
+        raise TypeError(f"run_deployment gave {type(fr).__name__}, not a FlowRun")
     if not fr.state or not fr.state.is_completed():
-        raise RuntimeError(f"{cfg.run.id}: flow run {fr.name} ended {fr.state.name if fr.state else 'unknown'}")
+        raise RuntimeError(f"{rid}: flow run {fr.name} ended {fr.state.name if fr.state else 'unknown'}")
 
 
 @task(name="record-run", task_run_name="record-{variant}-s{seed}")
@@ -139,7 +142,7 @@ def run_cell(spec: SweepSpec, variant: str, seed: int, parent: str | None) -> st
 
 
 # with a deployment, each run waits for its flow run in a thread of the flow's task runner
-pooled_cell = task(run_cell, name="run", task_run_name="run-{variant}-s{seed}")
+pooled_cell = task(name="run", task_run_name="run-{variant}-s{seed}")(run_cell)
 
 
 def _sweep_run_name() -> str:

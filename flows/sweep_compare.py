@@ -112,7 +112,10 @@ def gain(rec: Records, variant: str, metric: str) -> Difference:
             continue
         after, before = (rec.questions(variant, s, HELDOUT, i, metric) for i in (its[-1], its[0]))
         if (d := paired(after, before)).size:
-            seeds.append(s), a.append(after.mean()), b.append(before.mean()), per.append(d)
+            seeds.append(s)
+            a.append(after.mean())
+            b.append(before.mean())
+            per.append(d)
     return Difference(seeds, a, b, per)
 
 
@@ -129,7 +132,11 @@ def contrast(rec: Records, c: Contrast, split: str, metric: str) -> tuple[Differ
         x, y = rec.questions(c.a, s, split, it, metric), rec.questions(c.b, s, split, it, metric)
         if not (d := paired(x, y)).size:  # no question measured in both: nothing to pair on this seed
             continue
-        seeds.append(s), a.append(x.mean()), b.append(y.mean()), per.append(d), its.add(it)
+        seeds.append(s)
+        a.append(x.mean())
+        b.append(y.mean())
+        per.append(d)
+        its.add(it)
     return Difference(seeds, a, b, per), (its.pop() if len(its) == 1 else None)
 
 

@@ -33,6 +33,7 @@ from tasks.coach_evaluate import coach_evaluate
 from tasks.collect_rollouts import collect_rollouts
 from tasks.compute_advantages import compute_advantages
 from tasks.config import RunConfig
+from tasks.context import RunContext
 from tasks.update import update
 
 
@@ -79,28 +80,27 @@ def timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
     return out
 
 
-def rollout_partition(run_dir: str, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
-    """collect_rollouts (System-1 `extract` runs inside, per turn) -> coach_evaluate -> compute_advantages."""
-    timed(seconds, "collect_rollouts", collect_rollouts, run_dir, k, phase, versions, **kw)
-    timed(seconds, "coach_evaluate", coach_evaluate, run_dir, k, phase)
-    timed(seconds, "compute_advantages", compute_advantages, run_dir, k, phase)
+def rollout_partition(run: RunContext, k: int, phase: str, versions: dict[str, int], seconds: dict, **kw) -> None:
+    """collect_rollouts (a pipeline's own stages, such as MARS's `extract`, run inside) -> coach_evaluate ->
+    compute_advantages."""
+    timed(seconds, "collect_rollouts", collect_rollouts, run, k, phase, versions, **kw)
+    timed(seconds, "coach_evaluate", coach_evaluate, run, k, phase)
+    timed(seconds, "compute_advantages", compute_advantages, run, k, phase)
 
 
-def iteration_stages(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+def iteration_stages(run: RunContext, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
     """One iteration of the DAG over the team's weights units `agents`; returns its metrics (stage seconds
     included)."""
     seconds: dict[str, float] = {}
-    roles = context.of(run_dir).weights
+    run_dir, roles = run.run_dir, run.weights
     versions = store.agent_versions(run_dir, agents, k - 1)
-    rollout_partition(run_dir, k, "rollout", role_versions(roles, versions), seconds)
+    rollout_partition(run, k, "rollout", role_versions(roles, versions), seconds)
     current = dict(versions)  # the partially updated team
     for i, agent in enumerate(update_order(agents, algo.order, seed, k)):
         phase = update_phase(algo.strategy, i)
         if phase != "rollout":
-            rollout_partition(
-                run_dir, k, phase, role_versions(roles, current), seconds, questions=algo.resample_questions
-            )
-        v = timed(seconds, "update", update, run_dir, k, phase, agent, versions[agent])
+            rollout_partition(run, k, phase, role_versions(roles, current), seconds, questions=algo.resample_questions)
+        v = timed(seconds, "update", update, run, k, phase, agent, versions[agent])
         if algo.strategy != "joint":
             current[agent] = v
     m = partition_metrics(run_dir, k, "rollout") | update_metrics(run_dir, k)
@@ -120,9 +120,9 @@ def iteration_stages(run_dir: str, k: int, agents: list[str], algo: AlgorithmCon
 
 
 @flow(name="iteration", flow_run_name="iteration-{k}")
-def iteration_flow(run_dir: str, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
+def iteration_flow(run: RunContext, k: int, agents: list[str], algo: AlgorithmConfig, seed: int) -> dict[str, float]:
     """One iteration of the DAG as a sub-flow run `iteration-<k>`."""
-    return iteration_stages(run_dir, k, agents, algo, seed)
+    return iteration_stages(run, k, agents, algo, seed)
 
 
 _no_heartbeat: list = []  # [(the settings in force, the same with the heartbeat off)]: the last pair made
@@ -142,20 +142,20 @@ def no_heartbeat():
         yield
 
 
-def train_iteration(run_dir: Path, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
+def train_iteration(run: RunContext, k: int, agents: list[str], cfg: RunConfig, tracker: Tracker) -> dict[str, float]:
     """Iteration k of the team's weights units `agents` as `train` runs it: the sub-flow, the coach-bias
     monitor, MLflow, the table artifact and the checkpoint pruning.
 
     The sub-flow runs without Prefect's flow-run heartbeat: `train`'s own heartbeat covers it, and the
     engine joins the heartbeat thread, which sleeps in 1 s steps, on exit (about 0.5 s per iteration)."""
-    rd = str(run_dir)
+    rd, run_dir = run.run_dir, Path(run.run_dir)
     with no_heartbeat():
-        m = iteration_flow(rd, k, agents, cfg.algorithm, cfg.seed)
-    if types := context.of(rd).pipeline.task_types:  # the coach-bias monitor
+        m = iteration_flow(run, k, agents, cfg.algorithm, cfg.seed)
+    if types := run.pipeline.task_types:  # the coach-bias monitor
         m |= coach_bias_metrics(rd, k, *types)
     tracker.log_metrics(m, step=k)
     traced = trace_partitions(run_dir, k, cfg, tracker, training=True)
-    roles_and_units = list(dict.fromkeys([*context.of(rd).weights, *agents]))
+    roles_and_units = list(dict.fromkeys([*run.weights, *agents]))
     publish_iteration(run_dir, k, m, roles_and_units, tracker.traces_link() if traced else None)
     prune_after_iteration(run_dir, k, agents, cfg.checkpoint.keep_every, tracker)
     return m
@@ -307,7 +307,6 @@ def crash_orphans(run_dir: Path) -> None:
 def train(config: RunConfig, resume: str | None = None, iterations: int | None = None) -> str:
     """Train a team. `resume`: the id of a run to finish (finished stages are not redone);
     `iterations` with `resume`: train the run on to this many iterations (never fewer than saved)."""
-    logger = get_run_logger()
     if not resume:  # before a folder is made for a run that cannot start here
         engines.check(config.engines)
     run_dir, reopened = prepare_run(config, resume)
@@ -319,55 +318,60 @@ def train(config: RunConfig, resume: str | None = None, iterations: int | None =
             flow_runs.record(run_dir, flow_run.id)
         if reopened and iterations is not None:
             runs.extend_run(run_dir, iterations)
-            context.close(run_dir)  # config.yaml changed: read it again
-        ctx = context.of(run_dir)
-        cfg = ctx.config
-        if reopened:
-            engines.check(cfg.engines)
-        if reopened and (n := runs.remove_temporaries(run_dir)):
-            logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
-        rd = str(run_dir)
-        agents = ctx.units  # the weights units: what is updated, checkpointed and registered
-        policy = ctx.policy
-        for a in agents:  # version 0 on disk makes every later load (and a resume) exact
-            if not checkpoint_dir(run_dir, a, 0).exists():
-                policy.load(rd, a, 0)  # the initial weights
-                policy.save(rd, a, 0)
-        tracker = Tracker(
-            run_dir,
-            cfg.run.dir,
-            cfg.run.experiment,
-            cfg.run.tracking_uri,
-            cfg.model_dump(mode="json"),
-            enabled=cfg.run.mlflow,
-            parent=cfg.run.mlflow_parent,
-        )
-        try:
-            final: dict[str, float] = {}  # the latest held-out metrics
-            if cfg.evaluate:
-                final = evaluate_partition(rd, 0)
-                tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
-                trace_partitions(run_dir, 0, cfg, tracker, training=False)
-            for k in range(1, cfg.iterations + 1):
-                m = train_iteration(run_dir, k, agents, cfg, tracker)
-                logger.info(
-                    "iteration %d: success %.3f, %s",
-                    k,
-                    m.get("success_rate", float("nan")),
-                    ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in ctx.weights),
-                )
-                if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
-                    final = evaluate_partition(rd, k)
-                    tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)
-                    trace_partitions(run_dir, k, cfg, tracker, training=False)
-            # the weights, not the optimizer state: a registered model never resumes training from MLflow
-            tracker.log_artifacts(run_dir / "checkpoints", "checkpoints", exclude=frozenset({OPTIMIZER}))
-            publish_registry(cfg, run_dir, tracker, agents, final)
-            publish_summary(run_dir, tracker)
-        except BaseException as e:
-            tracker.finish("KILLED" if by_ctrl_c(e) else "FAILED")
-            if by_ctrl_c(e) and not isinstance(e, KeyboardInterrupt):
-                raise KeyboardInterrupt from e  # so that Prefect records the flow run Crashed, as for any Ctrl-C
-            raise
-        tracker.finish()
-    return rd
+        with RunContext(run_dir) as run:
+            train_opened(run, reopened)
+    return str(run_dir)
+
+
+def train_opened(run: RunContext, reopened: bool) -> None:
+    """The train flow's work on its opened, locked run: initial weights, MLflow, the evaluations and iterations,
+    the registry and the summary; MLflow's run ends KILLED on Ctrl-C, FAILED on an error."""
+    logger = get_run_logger()
+    cfg, run_dir, rd = run.config, Path(run.run_dir), run.run_dir
+    if reopened:
+        engines.check(cfg.engines)
+    if reopened and (n := runs.remove_temporaries(run_dir)):
+        logger.info("removed %d half-written temporary file(s) left by the interrupted run", n)
+    agents = run.units  # the weights units: what is updated, checkpointed and registered
+    policy = run.policy
+    for a in agents:  # version 0 on disk makes every later load (and a resume) exact
+        if not checkpoint_dir(run_dir, a, 0).exists():
+            policy.load(rd, a, 0)  # the initial weights
+            policy.save(rd, a, 0)
+    tracker = Tracker(
+        run_dir,
+        cfg.run.dir,
+        cfg.run.experiment,
+        cfg.run.tracking_uri,
+        cfg.model_dump(mode="json"),
+        enabled=cfg.run.mlflow,
+        parent=cfg.run.mlflow_parent,
+    )
+    try:
+        final: dict[str, float] = {}  # the latest held-out metrics
+        if cfg.evaluate:
+            final = evaluate_partition(run, 0)
+            tracker.log_metrics({f"eval/{k}": v for k, v in final.items()}, step=0)
+            trace_partitions(run_dir, 0, cfg, tracker, training=False)
+        for k in range(1, cfg.iterations + 1):
+            m = train_iteration(run, k, agents, cfg, tracker)
+            logger.info(
+                "iteration %d: success %.3f, %s",
+                k,
+                m.get("success_rate", float("nan")),
+                ", ".join(f"{a} coach {m.get(f'coach_score/{a}', float('nan')):.2f}" for a in run.weights),
+            )
+            if cfg.evaluate and (k == cfg.iterations or (cfg.eval_every and k % cfg.eval_every == 0)):
+                final = evaluate_partition(run, k)
+                tracker.log_metrics({f"eval/{n}": v for n, v in final.items()}, step=k)
+                trace_partitions(run_dir, k, cfg, tracker, training=False)
+        # the weights, not the optimizer state: a registered model never resumes training from MLflow
+        tracker.log_artifacts(run_dir / "checkpoints", "checkpoints", exclude=frozenset({OPTIMIZER}))
+        publish_registry(cfg, run_dir, tracker, agents, final)
+        publish_summary(run_dir, tracker)
+    except BaseException as e:
+        tracker.finish("KILLED" if by_ctrl_c(e) else "FAILED")
+        if by_ctrl_c(e) and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from e  # so that Prefect records the flow run Crashed, as for any Ctrl-C
+        raise
+    tracker.finish()

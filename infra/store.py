@@ -20,139 +20,18 @@ import pyarrow.parquet as pq
 from infra.disk import writing
 from infra.errors import TeamrlError
 from infra.faults import crash_point
-
-KEYS = ["run_id", "iteration", "phase", "episode_id", "turn", "agent"]
-
-_key_fields = [
-    pa.field("run_id", pa.string()),
-    pa.field("iteration", pa.int32()),
-    pa.field("phase", pa.string()),
-    pa.field("episode_id", pa.string()),
-    pa.field("turn", pa.int32()),
-    pa.field("agent", pa.string()),
-]
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "episodes": pa.schema(
-        [
-            pa.field("run_id", pa.string()),
-            pa.field("iteration", pa.int32()),
-            pa.field("phase", pa.string()),
-            pa.field("episode_id", pa.string()),
-            pa.field("task_id", pa.string()),
-            pa.field("group_id", pa.string()),
-            pa.field("pipeline", pa.string()),
-            pa.field("success", pa.bool_()),
-            pa.field("outcome", pa.float64()),
-            pa.field("metrics", pa.map_(pa.string(), pa.float64())),
-            pa.field("final_answer", pa.string()),
-            pa.field("num_turns", pa.int32()),
-            pa.field("policy_versions", pa.map_(pa.string(), pa.int32())),
-            pa.field("question", pa.string()),
-            pa.field("answer", pa.string()),
-            pa.field(
-                "infra_error", pa.string()
-            ),  # `<kind>: <message>` when an infrastructure fault hit it (infra/retry.py)
-        ]
-    ),
-    "actions": pa.schema(
-        _key_fields
-        + [
-            pa.field("role", pa.string()),
-            pa.field("system", pa.int8()),
-            pa.field("policy_version", pa.int32()),
-            pa.field("prompt_text", pa.string()),
-            pa.field("response_text", pa.string()),
-            pa.field("prompt_ids", pa.list_(pa.int32())),
-            pa.field("response_ids", pa.list_(pa.int32())),
-            pa.field("logprobs", pa.list_(pa.float32())),
-            pa.field("ref_logprobs", pa.list_(pa.float32())),
-            pa.field("tool_name", pa.string()),
-            pa.field("tool_input", pa.string()),
-            pa.field("tool_output", pa.string()),
-            pa.field("parent_turn", pa.int32()),
-            pa.field("infra_error", pa.string()),  # the tool never ran: `<kind>: <message>` (infra/retry.py)
-        ]
-    ),
-    "coach": pa.schema(
-        _key_fields
-        + [
-            pa.field("score", pa.float64()),
-            pa.field("rationale", pa.string()),
-            pa.field("coach_model", pa.string()),
-            pa.field("latency_s", pa.float64()),
-            pa.field("status", pa.string()),
-            pa.field("error_kind", pa.string()),
-        ]
-    ),
-    "advantages": pa.schema(
-        _key_fields
-        + [
-            pa.field("reward", pa.float64()),
-            pa.field("advantages", pa.list_(pa.float32())),
-            pa.field(
-                "raw_advantages", pa.list_(pa.float32())
-            ),  # before dividing by a std: reward units (tasks/certificate.py)
-            pa.field("loss_mask", pa.list_(pa.int8())),
-            pa.field("weight", pa.int32()),
-            pa.field("held_out", pa.bool_()),  # kept out of the update for its certificate (tasks/certificate.py)
-        ]
-    ),
-    "updates": pa.schema(
-        [
-            pa.field("run_id", pa.string()),
-            pa.field("iteration", pa.int32()),
-            pa.field("phase", pa.string()),
-            pa.field("agent", pa.string()),
-            pa.field("strategy", pa.string()),
-            pa.field("kl", pa.float64()),
-            pa.field("surrogate_gain", pa.float64()),
-            pa.field("penalty", pa.float64()),
-            pa.field("certificate", pa.float64()),
-            pa.field("loss", pa.float64()),
-            pa.field("tokens", pa.int64()),
-            pa.field("seconds", pa.float64()),
-            pa.field("version_before", pa.int32()),
-            pa.field("version_after", pa.int32()),
-            pa.field("skipped", pa.bool_()),
-            pa.field("reason", pa.string()),
-            pa.field("over_length", pa.int32()),
-            pa.field("grad_norm", pa.float64()),
-            pa.field("clip_frac", pa.float64()),
-            pa.field("kl_ref", pa.float64()),
-        ]
-    ),
-    # one row per Stage-0 alignment (flows/align.py), phase `align` at the iteration whose rollouts probed
-    "align": pa.schema(
-        [
-            pa.field("run_id", pa.string()),
-            pa.field("iteration", pa.int32()),
-            pa.field("phase", pa.string()),
-            pa.field("agent", pa.string()),
-            pa.field("init", pa.string()),
-            pa.field("version_before", pa.int32()),
-            pa.field("version_after", pa.int32()),
-            pa.field("probe_actions", pa.int32()),
-            pa.field("probe_tokens", pa.int64()),
-            pa.field("delta0", pa.float64()),
-            pa.field("lr", pa.float64()),
-            pa.field("kl_before", pa.float64()),
-            pa.field("kl_after", pa.float64()),
-            pa.field("steps", pa.int32()),
-            pa.field("converged", pa.bool_()),
-            pa.field("seconds", pa.float64()),
-            pa.field("success_before", pa.float64()),
-            pa.field("success_swap", pa.float64()),
-            pa.field("success_aligned", pa.float64()),
-        ]
-    ),
-}
+from infra.schemas import KEYS, SCHEMAS, bare
 
 
 class StoreError(TeamrlError, RuntimeError):
     """A table file could not be read; the message names the file."""
 
     resumable = True
+
+
+class SchemaError(ValueError):
+    """Rows do not fit their table's schema (infra/schemas.py), a bug of their writer: the message names the
+    table and the keys or the column."""
 
 
 def partition_dir(run_dir: str | Path, table: str, iteration: int, phase: str) -> Path:
@@ -167,6 +46,35 @@ def partition_exists(run_dir: str | Path, table: str, iteration: int, phase: str
     return d.is_dir() and any(d.glob("part-*.parquet"))
 
 
+def _check_keys(table: str, names: list[str], rows: list[dict]) -> None:
+    """Refuse rows whose keys are not exactly the table's columns: a missing key would be written as null and
+    an unknown one dropped, either without a word."""
+    columns = set(names)
+    odd = [r for r in rows if r.keys() != columns]
+    if not odd:
+        return
+    missing = [n for n in names if any(n not in r for r in odd)]
+    unknown = sorted({k for r in odd for k in r} - columns)
+    problems = ([f"rows lack columns {missing}"] if missing else []) + (
+        [f"rows have keys {unknown} that are not columns of the table (infra/schemas.py)"] if unknown else []
+    )
+    raise SchemaError(f"{table}: {'; '.join(problems)}")
+
+
+def _column(table: str, field: pa.Field, rows: list[dict]) -> pa.Array:
+    try:
+        return pa.array([r[field.name] for r in rows], type=field.type)
+    except pa.ArrowException as e:  # pyarrow names the value and the type, not the column
+        raise SchemaError(f"{table}.{field.name}: {e}") from e
+
+
+def _arrow_rows(table: str, rows: list[dict]) -> pa.Table:
+    """`rows` as an Arrow table of `table`'s schema, without the descriptions (see infra.schemas.bare)."""
+    schema = bare(SCHEMAS[table])
+    _check_keys(table, schema.names, rows)
+    return pa.Table.from_arrays([_column(table, f, rows) for f in schema], schema=schema)
+
+
 def write_partition(
     run_dir: str | Path, table: str, iteration: int, phase: str, rows: list[dict], name: str | None = None
 ) -> Path:
@@ -174,14 +82,10 @@ def write_partition(
     write leaves nothing behind, and a full disk raises infra.disk.DiskFullError).
 
     `name` makes the file name deterministic (e.g. the agent of an update) so a re-run replaces it
-    instead of adding a duplicate; without it a uuid is used.
+    instead of adding a duplicate; without it a uuid is used. Rows that do not fit the table's schema
+    raise SchemaError and write nothing.
     """
-    schema = SCHEMAS[table]
-    missing = [f.name for f in schema if rows and f.name not in rows[0]]
-    if missing:
-        raise ValueError(f"{table}: rows lack columns {missing}")
-    arrays = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    t = pa.Table.from_pydict(arrays, schema=schema)
+    t = _arrow_rows(table, rows)
     # Partition columns live in the path (hive), not in the file.
     t = t.drop_columns(["iteration", "phase"])
     d = partition_dir(run_dir, table, iteration, phase)

@@ -16,6 +16,7 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -147,7 +148,7 @@ class Tracker:
         except MlflowException:
             return False
 
-    def log_metrics(self, metrics: dict[str, float | None], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float | None], step: int) -> None:
         if not self.enabled:
             return
         from mlflow.entities import Metric

@@ -33,7 +33,7 @@ from infra import store
 from infra.generation import response_logits
 from infra.policy import checkpoint_dir
 from infra.progress import progress_bar
-from tasks import context
+from tasks.context import RunContext
 from tasks.stage import stage
 
 INITS = ("fresh",)
@@ -207,14 +207,14 @@ def latest_rollout_iteration(run_dir: str | Path) -> int | None:
     return max(done) if done else None
 
 
-def probe_set(run_dir: str, iteration: int, agent: str, size: int) -> list[Probe]:
+def probe_set(run: RunContext, iteration: int, agent: str, size: int) -> list[Probe]:
     """The contexts of `agent`'s actions in iteration `iteration`'s rollouts (with the old agent's responses);
     at most `size` of them (0: all), drawn with a seed derived from the run seed."""
-    acts = store.read_table(run_dir, "actions", iteration, "rollout")
+    acts = store.read_table(run.run_dir, "actions", iteration, "rollout")
     acts = acts[acts["agent"] == agent].sort_values(["episode_id", "turn"])
     probe = [Probe(list(p), list(r)) for p, r in zip(acts["prompt_ids"], acts["response_ids"]) if len(r)]
     if size and len(probe) > size:
-        rng = random.Random(context.of(run_dir).seed_for("probe", iteration, agent))
+        rng = random.Random(run.seed_for("probe", iteration, agent))
         probe = [probe[i] for i in sorted(rng.sample(range(len(probe)), size))]
     return probe
 
@@ -230,16 +230,15 @@ def checkpoint_meta(run_dir: str | Path, agent: str, version: int) -> dict:
     returns=lambda out: checkpoint_meta(out.run_dir, out.part, int(out.read("updates")["version_after"].iloc[0])),
     task_run_name="stage0-{cfg.agent}",
 )
-def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignConfig) -> list[dict]:
+def stage0_align(run: RunContext, iteration: int, version_before: int, cfg: AlignConfig) -> list[dict]:
     """Align a fresh `cfg.agent` (its version-0 weights) to its version `version_before` on iteration
     `iteration`'s probe set; save the result as version `version_before + 1` (meta `stage0: true`), and
     an `updates` row (phase `align`, strategy `stage0`) so that this version is the agent's version after
     the iteration. A call returns the new checkpoint's meta."""
-    agent = cfg.agent
-    ctx = context.of(run_dir)
-    policy, temperature = ctx.policy, ctx.config.rollout.temperature
-    lr = cfg.lr or ctx.config.algorithm.lr
-    probe = probe_set(run_dir, iteration, agent, cfg.probe_size)
+    agent, run_dir = cfg.agent, run.run_dir
+    policy, temperature = run.policy, run.config.rollout.temperature
+    lr = cfg.lr or run.config.algorithm.lr
+    probe = probe_set(run, iteration, agent, cfg.probe_size)
     pad = policy.tokenizer.pad_token_id
     policy.load(run_dir, agent, version_before)
     with policy.acting(agent) as model:
@@ -287,7 +286,7 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
     version_after = version_before + 1
     policy.save(run_dir, agent, version_after, extra=meta)  # no optimiser state: the next PPO update starts afresh
     row = {
-        "run_id": ctx.run_id,
+        "run_id": run.run_id,
         "iteration": iteration,
         "phase": "align",
         "agent": agent,
@@ -308,4 +307,11 @@ def stage0_align(run_dir: str, iteration: int, version_before: int, cfg: AlignCo
         "clip_frac": None,
         "kl_ref": None,
     }
+    return [row]
+
+
+@stage("align", phase="align", part=lambda p: p["agent"])
+def record_alignment(run: RunContext, iteration: int, agent: str, row: dict) -> list[dict]:
+    """The `align` row of a finished Stage-0 alignment of `agent` (its held-out effects included): written
+    once, so a repeated `teamrl align` of the same iteration keeps the first record."""
     return [row]

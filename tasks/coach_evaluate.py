@@ -8,8 +8,8 @@ from pathlib import Path
 from infra import store
 from infra.retry import InfraFault, infra_kind, infra_record, infra_share_check, with_retries
 from pipelines.base import Episode, Problem
-from tasks import context
 from tasks.coach import CoachConfig, CoachRequest, CoachResult, LLMCoach
+from tasks.context import RunContext
 from tasks.stage import stage
 
 
@@ -47,17 +47,16 @@ def unscored(e: Episode, record: str) -> list[CoachResult]:
     ]
 
 
-def score_episodes(run_dir: str, episodes: list[Episode]) -> list[list[CoachResult]]:
+def score_episodes(run: RunContext, episodes: list[Episode]) -> list[list[CoachResult]]:
     """Each episode's scores; an episode an infrastructure fault hit is never scored, whatever the backend."""
-    cfg = context.of(run_dir).config.coach
     clean = [e for e in episodes if not e.infra_error]
-    scored = dict(zip((e.episode_id for e in clean), score_clean(run_dir, cfg, clean)))
+    scored = dict(zip((e.episode_id for e in clean), score_clean(run, run.config.coach, clean)))
     return [unscored(e, e.infra_error) if e.infra_error else scored[e.episode_id] for e in episodes]
 
 
-def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
+def score_clean(run: RunContext, cfg: CoachConfig, episodes: list[Episode]) -> list[list[CoachResult]]:
     """Each episode's scores under the coach `cfg` (episodes no infrastructure fault hit)."""
-    pipe = context.of(run_dir).pipeline
+    pipe = run.pipeline
     if cfg.backend == "outcome":  # MAPPA's outcome-only baseline: the shared sparse team reward
         return [[CoachResult(10.0 * e.outcome, "episode outcome", "ok", 0.0) for _ in e.actions] for e in episodes]
     if cfg.backend == "rubric":
@@ -76,7 +75,7 @@ def score_clean(run_dir: str, cfg: CoachConfig, episodes: list[Episode]) -> list
             dt = (time.perf_counter() - t0) / max(1, len(scores))
             out.append([CoachResult(s, why, "ok" if s is not None else "skipped", dt) for s, why in scores])
         return out
-    coach = LLMCoach(cfg, cache_path=Path(run_dir).parent / "coach-cache.sqlite")
+    coach = LLMCoach(cfg, cache_path=Path(run.run_dir).parent / "coach-cache.sqlite")
     flat = coach.score_many(coach_requests(pipe, episodes, cfg.ground_truth))
     out, i = [], 0
     for e in episodes:
@@ -96,22 +95,21 @@ def coach_requests(pipe, episodes: list[Episode], ground_truth: bool) -> list[Co
 
 
 @stage("coach", retries=2, retry_delay_seconds=5)
-def coach_evaluate(run_dir: str, iteration: int, phase: str) -> list[dict]:
+def coach_evaluate(run: RunContext, iteration: int, phase: str) -> list[dict]:
     """Score every action of the partition."""
-    ctx = context.of(run_dir)
-    cfg = ctx.config.coach
-    episodes = load_partition_episodes(run_dir, iteration, phase)
-    results = score_episodes(run_dir, episodes)
+    cfg = run.config.coach
+    episodes = load_partition_episodes(run.run_dir, iteration, phase)
+    results = score_episodes(run, episodes)
     faults = [r.rationale for rs in results for r in rs if str(r.error_kind).startswith("infra_")]
     infra_share_check(
         len(faults),
         sum(map(len, results)),
-        ctx.config.rollout.max_infra_share,
+        run.config.rollout.max_infra_share,
         f"iteration {iteration}, {phase} (coach)",
         faults[0] if faults else None,
     )
     model = cfg.model if cfg.backend == "llm" else cfg.backend
-    run_id = ctx.run_id
+    run_id = run.run_id
     return [
         {
             "run_id": run_id,

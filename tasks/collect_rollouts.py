@@ -64,7 +64,7 @@ def _select(ctx: context.RunContext, iteration: int, phase: str, split: str, n: 
     fault=lambda p: "resample" if p["phase"].startswith("resample") else "collect_rollouts",
 )
 def collect_rollouts(
-    run_dir: str,
+    run: context.RunContext,
     iteration: int,
     phase: str,
     versions: dict[str, int],
@@ -80,13 +80,12 @@ def collect_rollouts(
     part="samples": `eval_samples` sampled episodes per question, for pass@k next to the greedy ones.
     `questions` overrides rollout.questions (TeamTR's smaller resamples).
     """
-    ctx = context.of(run_dir)
-    cfg, engines, pipe, policy = ctx.config.rollout, ctx.config.engines, ctx.pipeline, ctx.policy
+    cfg, engines, pipe, policy = run.config.rollout, run.config.engines, run.pipeline, run.policy
     for agent, v in versions.items():  # the team's model: reference pass, rescoring, the `hf` engine
-        policy.load(run_dir, agent, v)
+        policy.load(run.run_dir, agent, v)
     tok = policy.tokenizer
     problems = _select(
-        ctx, iteration, phase, split, cfg.eval_questions if split == "eval" else (questions or cfg.questions)
+        run, iteration, phase, split, cfg.eval_questions if split == "eval" else (questions or cfg.questions)
     )
     sampled = part == "samples"
     if sampled:
@@ -97,8 +96,8 @@ def collect_rollouts(
     eids = [f"{phase}-{i // g:04d}-{tag}{i % g:02d}" for i in range(len(plist))]
     gids = [f"{phase}-{i // g:04d}" for i in range(len(plist))]
     if engines.runner == "ray":  # sharded over the rollout actors (infra/engines/ray_rollouts.py)
-        seed_parts = (ctx.config.seed, "sample", iteration, phase, part)
-        episodes = ctx.rollout_workers(ShardPlayer).play(
+        seed_parts = (run.config.seed, "sample", iteration, phase, part)
+        episodes = run.rollout_workers(ShardPlayer).play(
             gids,
             lambda r, j: (
                 (versions, plist[r.start : r.stop], eids[r.start : r.stop], gids[r.start : r.stop])
@@ -106,8 +105,8 @@ def collect_rollouts(
             ),
         )
     else:
-        engine = ctx.generation_engine()
-        engine.use(run_dir, versions)  # the weight sync: serve every agent's current checkpoint
+        engine = run.generation_engine()
+        engine.use(run.run_dir, versions)  # the weight sync: serve every agent's current checkpoint
         with progress_bar(f"rollouts it={iteration} {phase}", len(pipe.agents)) as advance:
             act = TeamActs(
                 engine,
@@ -116,7 +115,7 @@ def collect_rollouts(
                 cfg.temperature,
                 greedy,
                 advance,
-                lambda agent, n: ctx.seed_for("sample", iteration, phase, part, agent, n),
+                lambda agent, n: run.seed_for("sample", iteration, phase, part, agent, n),
             )
             episodes = pipe.run_episodes(plist, eids, gids, act)
     for e in episodes:
@@ -125,13 +124,13 @@ def collect_rollouts(
         e.metrics["infra_error"] = float(e.infra_error is not None)
     check_infra_share(episodes, cfg.max_infra_share, f"iteration {iteration}, {phase} ({part})")
 
-    run_id = ctx.run_id
+    run_id = run.run_id
     actions = [a | {"episode_id": e.episode_id} for e in episodes for a in e.actions]
     temperature = 1.0 if greedy else cfg.temperature
     # no reference pass (ref_logprobs stay null) for evaluation, which trains nothing, nor without a KL term
     refs: Sequence[list[float] | None] = [None] * len(actions)
     if split != "eval":
-        if ctx.config.algorithm.kl_coef > 0 or ctx.config.algorithm.kl_loss_coef > 0:
+        if run.config.algorithm.kl_coef > 0 or run.config.algorithm.kl_loss_coef > 0:
             with policy.reference() as ref:  # one pass for every agent: all share the frozen base
                 refs = score_logprobs(
                     ref,

@@ -12,17 +12,16 @@ import numpy as np
 
 from infra import store
 from pipelines.base import CreditBatch
-from tasks import context
 from tasks.advantages import ESTIMATORS, Sample, blend_score, estimate
 from tasks.certificate import holdout_groups
+from tasks.context import RunContext
 from tasks.stage import stage
 
 
-def advantage_rows(run_dir: str, iteration: int, phase: str) -> list[dict]:
-    ctx = context.of(run_dir)
+def advantage_rows(ctx: RunContext, iteration: int, phase: str) -> list[dict]:
     cfg = ctx.config.algorithm
-    df = store.load_actions(run_dir, iteration, phase)
-    eps = store.read_table(run_dir, "episodes", iteration, phase).set_index("episode_id")
+    df = store.load_actions(ctx.run_dir, iteration, phase)
+    eps = store.read_table(ctx.run_dir, "episodes", iteration, phase).set_index("episode_id")
     outcome, group = eps["outcome"].to_dict(), eps["group_id"].to_dict()
     trajectory = ESTIMATORS.traits(cfg.estimator).trajectory
     # stale / teamtr: whole question groups kept out of the update (and of every normalisation) for the certificate
@@ -109,6 +108,6 @@ def positive_part(advs: list) -> list:
 
 
 @stage("advantages")
-def compute_advantages(run_dir: str, iteration: int, phase: str) -> list[dict]:
+def compute_advantages(run: RunContext, iteration: int, phase: str) -> list[dict]:
     """Per-token advantages and loss masks of every action of the partition."""
-    return advantage_rows(run_dir, iteration, phase)
+    return advantage_rows(run, iteration, phase)

@@ -1,11 +1,12 @@
-"""What a task knows about its run: `RunContext`, the run folder opened once per process, with its typed
-config, its pipeline and problems, and the engines built for it.
+"""What a task knows about its run: `RunContext`, the run folder opened once, with its typed config, its
+pipeline and problems, and the engines built for it.
 
-Tasks receive `run_dir` (a string) plus iteration / phase / versions and call `context.of(run_dir)`, so no
-model or tensor ever crosses a task boundary and the engines load once per process. A process holds one
-run's engines at a time: `of` on another run closes the one before (its generation engine, its Ray actors,
-its model), which is what a Prefect worker serving run after run needs. `RunContext(run_dir)` opens a run
-outside that registry (tests open two side by side); `close` ends either kind.
+The flow that runs a run opens its context (`with RunContext(run_dir) as run:`) and passes it to every stage
+with iteration / phase / versions, so the engines load once per flow and no model or tensor crosses a task
+boundary in the store's place: a stage reads and writes partitions. Leaving the `with` closes the engines
+(the generation engine, the Ray actors and their placement group, the model), which is what a Prefect
+worker serving run after run needs. A process that works on a run outside a flow (a training rank, a Ray
+rollout actor, a report) opens its own.
 """
 
 from __future__ import annotations
@@ -163,20 +164,11 @@ class RunContext:
         self._generation = self._workers = None
         self.__dict__.pop("policy", None)
 
+    def __enter__(self) -> RunContext:
+        return self
 
-_OPEN: dict[str, RunContext] = {}  # this process's open run: at most one, see the module docstring
+    def __exit__(self, *_) -> None:
+        self.close()
 
-
-def of(run_dir: str | Path) -> RunContext:
-    """This process's context of `run_dir`, opened on first use; opening it closes another run's."""
-    key = str(Path(run_dir).resolve())
-    if key not in _OPEN:
-        close()
-        _OPEN[key] = RunContext(run_dir)
-    return _OPEN[key]
-
-
-def close(run_dir: str | Path | None = None) -> None:
-    """Close the process's open context (of `run_dir` only, if given); the next `of` reads config.yaml again."""
-    for key in [k for k in _OPEN if run_dir is None or k == str(Path(run_dir).resolve())]:
-        _OPEN.pop(key).close()
+    def __repr__(self) -> str:  # what Prefect shows of a stage's or sub-flow's `run` parameter
+        return f"RunContext({self.run_dir!r})"

@@ -1,8 +1,8 @@
 """The DAG stage: a Prefect task whose output is partitions of the store, done once they exist.
 
     @stage("advantages")
-    def compute_advantages(run_dir: str, iteration: int, phase: str) -> list[dict]:
-        return advantage_rows(run_dir, iteration, phase)
+    def compute_advantages(run: RunContext, iteration: int, phase: str) -> list[dict]:
+        return advantage_rows(run, iteration, phase)
 
 A stage's function computes its rows; `stage` owns what is the same for every stage:
 
@@ -15,8 +15,9 @@ A stage's function computes its rows; `stage` owns what is the same for every st
 - the atomic partition writes (infra/store.py), tables in the order given: the last one marks the
   stage complete.
 
-Every stage function takes `run_dir` and `iteration`; where its output goes is `phase` (a parameter,
-unless given) and `part` (the partition file's name: `all`, or e.g. the updated agent).
+Every stage function takes the run's context `run` (tasks/context.py: its folder, config and engines, opened
+by the flow) and `iteration`; where its output goes is `phase` (a parameter, unless given) and `part` (the
+partition file's name: `all`, or e.g. the updated agent).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from prefect import task
 
 from infra import store
 from infra.faults import crash_point
-from tasks import context
+from tasks.context import RunContext
 
 Param = str | Callable[[dict], str]  # a constant, or a function of the stage's bound parameters
 
@@ -80,11 +81,12 @@ def stage(
             bound = sig.bind_partial(**params)
             bound.apply_defaults()
             p = bound.arguments
-            return Output(str(p["run_dir"]), int(p["iteration"]), _value(phase, p), _value(part, p)), p
+            run: RunContext = p["run"]
+            return Output(run.run_dir, int(p["iteration"]), _value(phase, p), _value(part, p)), p
 
         def cache_key(_ctx, params: dict) -> str | None:
-            out, _ = output(params)
-            return context.of(out.run_dir).cache_key(out.exists(tables[-1]), name, out.iteration, out.phase, out.part)
+            out, p = output(params)
+            return p["run"].cache_key(out.exists(tables[-1]), name, out.iteration, out.phase, out.part)
 
         @functools.wraps(fn)
         def run(*args, **kwargs):

@@ -28,9 +28,9 @@ from infra.policy import OPTIMIZER, checkpoint_dir
 from infra.progress import progress_bar
 from infra.ranks import ray_ranks, spawn_ranks
 from infra.trainer import TrainItem, TrainSpec, batch_logprobs, interpolate
-from tasks import context
 from tasks.advantages import ESTIMATORS, token_rewards
 from tasks.certificate import Bound, Segment, bound, episode_terms, return_span, reward_range, team_advantages
+from tasks.context import RunContext
 from tasks.losses import LOSSES, with_reference_kl
 from tasks.stage import stage
 from tasks.trust_region import kl_tok
@@ -52,10 +52,9 @@ def within_length(items: list[TrainItem], max_tokens: int | None) -> tuple[list[
     return kept, len(items) - len(kept)
 
 
-def batch_of(run_dir: str, iteration: int, phase: str, unit: str) -> tuple[list[TrainItem], int]:
+def batch_of(ctx: RunContext, iteration: int, phase: str, unit: str) -> tuple[list[TrainItem], int]:
     """Weights unit `unit`'s update batch, and the number of its samples left out for their length."""
-    ctx = context.of(run_dir)
-    df = store.load_actions(run_dir, iteration, phase)
+    df = store.load_actions(ctx.run_dir, iteration, phase)
     items = ctx.pipeline.train_items(df[df["agent"].isin(ctx.roles_of(unit))], ctx.config.algorithm.kl_loss_coef > 0)
     return within_length(items, ctx.config.algorithm.max_sample_tokens)
 
@@ -132,8 +131,7 @@ def episode_rewards(df, trajectory: bool) -> dict[str, list[np.ndarray]]:
 
 
 def measure_update(
-    policy,
-    run_dir: str,
+    ctx: RunContext,
     iteration: int,
     phase: str,
     agent: str,
@@ -149,8 +147,7 @@ def measure_update(
     algorithm.max_sample_tokens (its forward pass could exhaust memory, and the bound needs every token's
     ratio), no held-out group, or rewards outside the pipeline's declared bounds; a bound with fewer than
     two groups has an infinite estimation term."""
-    ctx = context.of(run_dir)
-    cfg = ctx.config.algorithm
+    cfg, policy, run_dir = ctx.config.algorithm, ctx.policy, ctx.run_dir
     df = store.load_actions(run_dir, iteration, phase)
     df = df.assign(unit=df["agent"].map(ctx.weights), scored=df["reward"].notna(), held=df["held_out"].fillna(False))
     mine = df[df["unit"] == agent].to_dict("records")
@@ -209,12 +206,11 @@ def outside_bounds(rewards: dict[str, list[np.ndarray]], max_actions: int, limit
     returns=lambda out: int(out.read("updates")["version_after"].iloc[0]),
     task_run_name="update-{agent}",
 )
-def update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
+def update(run: RunContext, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
     """Update weights unit `agent` from `version_before` (a call returns the version after)."""
-    ctx = context.of(run_dir)
-    cfg, policy = ctx.config.algorithm, ctx.policy
+    cfg, policy, run_dir = run.config.algorithm, run.policy, run.run_dir
     policy.load(run_dir, agent, version_before)
-    items, over_length = batch_of(run_dir, iteration, phase, agent)
+    items, over_length = batch_of(run, iteration, phase, agent)
     if over_length:
         warnings.warn(
             f"{agent} iteration {iteration}: {over_length} sample(s) longer than algorithm.max_sample_tokens="
@@ -223,7 +219,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             stacklevel=2,
         )
     row = {
-        "run_id": ctx.run_id,
+        "run_id": run.run_id,
         "iteration": iteration,
         "phase": phase,
         "agent": agent,
@@ -245,25 +241,25 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
             "reason": ALL_OVER_LENGTH if over_length else NO_SCORED_ACTIONS,
         }
     else:
-        temperature = ctx.config.rollout.temperature
+        temperature = run.config.rollout.temperature
         with policy.materialized(agent):
             start = [p.detach().clone() for p in policy.parameters(agent)]
         steps = cfg.epochs * -(-len(items) // cfg.minibatch_size)
-        trainer = ctx.trainer()
-        ctx.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
+        trainer = run.trainer()
+        run.release_generation()  # colocated on one GPU: the generation engine sleeps while we train
         policy.changing(agent)
-        world = ctx.config.engines.train_ranks
+        world = run.config.engines.train_ranks
         # with several ranks, this process is rank 0 and keeps the result: the rest of the update is as for one
         with (
             progress_bar(f"update {agent} it={iteration}", steps) as advance,
-            _ranks(ctx, (run_dir, iteration, phase, agent, version_before)),
+            _ranks(run, (run_dir, iteration, phase, agent, version_before)),
         ):
             res, opt_state = trainer.train(
                 policy,
                 agent,
                 items,
-                loss_of(ctx),
-                spec_of(ctx, iteration, phase, agent, version_before, on_step=advance, world=world),
+                loss_of(run),
+                spec_of(run, iteration, phase, agent, version_before, on_step=advance, world=world),
             )
         row |= {
             "kl": None,
@@ -288,9 +284,7 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
         if not row["skipped"] and cfg.measure_update:
             sequential = cfg.strategy != "joint"  # a joint step moves every agent at once: no per-agent bound
             changed = updated_before(run_dir, iteration, phase, agent) if sequential else None
-            measured, b, why = measure_update(
-                policy, run_dir, iteration, phase, agent, changed, temperature, cfg.micro_batch_size
-            )
+            measured, b, why = measure_update(run, iteration, phase, agent, changed, temperature, cfg.micro_batch_size)
             cert = b.certificate if sequential and b is not None and math.isfinite(b.certificate) else None
             if sequential and cert is None:  # an infinite estimation term: fewer than two groups to estimate it
                 infinite = b is not None and math.isinf(b.penalty_est)
@@ -317,13 +311,13 @@ def update(run_dir: str, iteration: int, phase: str, agent: str, version_before:
     return [row]
 
 
-def loss_of(ctx: context.RunContext):
+def loss_of(ctx: RunContext):
     cfg = ctx.config.algorithm
     base = partial(LOSSES[cfg.loss], clip_eps=cfg.clip_eps)
     return partial(with_reference_kl, base=base, beta=cfg.kl_loss_coef) if cfg.kl_loss_coef > 0 else base
 
 
-def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
+def spec_of(ctx: RunContext, iteration: int, phase: str, agent: str, version_before: int, **more) -> TrainSpec:
     """How the update of `agent` from `version_before` trains; every training rank builds the same one."""
     cfg = ctx.config.algorithm
     return TrainSpec(
@@ -342,7 +336,7 @@ def spec_of(ctx: context.RunContext, iteration: int, phase: str, agent: str, ver
     )
 
 
-def _ranks(ctx: context.RunContext, update_args: tuple):
+def _ranks(ctx: RunContext, update_args: tuple):
     """With `engines.train_ranks` > 1, the other ranks (infra/ranks.py) for the update in the body, run as
     rank 0; else nothing."""
     e = ctx.config.engines
@@ -360,12 +354,19 @@ def train_rank(
     """Training rank `rank` > 0 of an update: the same batch and spec as rank 0, its share of each minibatch
     (infra/trainer.py `accumulate`), on a replica of the agent's adapter or a shard of its full weights
     (infra/sharded.py); rank 0 keeps the result."""
-    ctx = context.of(run_dir)
-    ctx.policy.load(run_dir, agent, version_before)
-    ctx.policy.changing(agent)  # rank 0 saves the result; here the weights become no version's
-    items, _ = batch_of(run_dir, iteration, phase, agent)
-    # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
-    spec = spec_of(
-        ctx, iteration, phase, agent, version_before, rank=rank, world=world, on_step=lambda: crash_point(f"rank{rank}")
-    )
-    ctx.trainer().train(ctx.policy, agent, items, loss_of(ctx), spec)
+    with RunContext(run_dir) as ctx:
+        ctx.policy.load(run_dir, agent, version_before)
+        ctx.policy.changing(agent)  # rank 0 saves the result; here the weights become no version's
+        items, _ = batch_of(ctx, iteration, phase, agent)
+        # the fault point after each of this rank's steps: tests kill a rank in the middle of an update
+        spec = spec_of(
+            ctx,
+            iteration,
+            phase,
+            agent,
+            version_before,
+            rank=rank,
+            world=world,
+            on_step=lambda: crash_point(f"rank{rank}"),
+        )
+        ctx.trainer().train(ctx.policy, agent, items, loss_of(ctx), spec)

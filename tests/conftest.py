@@ -32,6 +32,43 @@ import pytest  # noqa: E402
 import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every process teamrl starts)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--durations-json",
+        metavar="PATH",
+        help="write each test's seconds (setup + call + teardown) and the session's total to PATH as JSON "
+        "(tests/durations.json is the committed record: docs/operations/tests.md)",
+    )
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    import json
+    import platform
+    import time
+
+    path = session.config.getoption("--durations-json")
+    if not path or not _SECONDS:
+        return
+    record = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "load_1min_at_end": round(os.getloadavg()[0], 2),
+        "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "tests": len(_SECONDS),
+        "seconds_in_tests": round(sum(_SECONDS.values()), 1),
+        "slowest": {k: round(v, 1) for k, v in sorted(_SECONDS.items(), key=lambda kv: -kv[1])},
+    }
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.write("\n")
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect server (SQLite) for the whole session."""
@@ -96,7 +133,7 @@ def table_rows(run_dir, table):
     drop = {"run_id", "latency_s", "seconds"}
     df = store.read_table(run_dir, table)
     df = df[[c for c in df.columns if c not in drop]]
-    keys = [c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]
+    keys = [c for c in store.KEYS if c in df]
     return df.sort_values(keys).reset_index(drop=True)
 
 
@@ -159,21 +196,17 @@ def redo_update(run_dir, iteration: int, agent: str, **algorithm) -> dict:
 
     from infra import store
     from infra.policy import checkpoint_dir
-    from tasks import context
+    from tasks.context import RunContext
     from tasks.update import update
 
     cfg = yaml.safe_load(open(f"{run_dir}/config.yaml"))
     cfg["algorithm"] |= algorithm
     yaml.safe_dump(cfg, open(f"{run_dir}/config.yaml", "w"))
-    context.close(run_dir)
     (store.partition_dir(run_dir, "updates", iteration, "rollout") / f"part-{agent}.parquet").unlink()
     shutil.rmtree(checkpoint_dir(run_dir, agent, iteration), ignore_errors=True)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            update.fn(str(run_dir), iteration, "rollout", agent, iteration - 1)
-    finally:
-        context.close(run_dir)
+    with RunContext(run_dir) as run, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        update.fn(run, iteration, "rollout", agent, iteration - 1)
     row = store.read_table(run_dir, "updates", iteration, "rollout", name=agent).iloc[0].to_dict()
     return row | {"warnings": " ".join(str(w.message) for w in caught)}
 

@@ -124,24 +124,24 @@ def test_swap_then_stage0_alignment_on_the_tiny_preset(prefect_harness, tmp_path
     from flows.train import train
     from infra import store
     from infra.policy import latest_version
-    from tasks import context
     from tasks.align import AlignConfig, probe_set, target_logprobs
+    from tasks.context import RunContext
 
     run_dir = Path(
         train(config=tiny_config(tmp_path, "iterations=1", "evaluate=false", "pipeline.eval_size=4", "run.id=swap"))
     )
     rd = str(run_dir)
-    before = evaluate_partition(rd, 1)  # the team before the swap (the flow uses it, never redoes it)
-    # the KL of a fresh executor to the trained one, to set a delta0 that needs a few steps
-    ctx = context.of(rd)
-    policy, temperature = ctx.policy, ctx.config.rollout.temperature
-    probe = probe_set(rd, 1, "executor", 32)
-    policy.load(rd, "executor", 1)
-    with policy.acting("executor") as m:
-        targets = target_logprobs(m, probe, policy.tokenizer.pad_token_id, temperature, 2)
-    policy.load(rd, "executor", 0)
-    with policy.acting("executor") as m:
-        kl0 = probe_kl(m, probe, targets, policy.tokenizer.pad_token_id, temperature, 2, backward=False)
+    with RunContext(rd) as ctx:
+        before = evaluate_partition(ctx, 1)  # the team before the swap (the flow uses it, never redoes it)
+        # the KL of a fresh executor to the trained one, to set a delta0 that needs a few steps
+        policy, temperature = ctx.policy, ctx.config.rollout.temperature
+        probe = probe_set(ctx, 1, "executor", 32)
+        policy.load(rd, "executor", 1)
+        with policy.acting("executor") as m:
+            targets = target_logprobs(m, probe, policy.tokenizer.pad_token_id, temperature, 2)
+        policy.load(rd, "executor", 0)
+        with policy.acting("executor") as m:
+            kl0 = probe_kl(m, probe, targets, policy.tokenizer.pad_token_id, temperature, 2, backward=False)
     assert kl0 > 0
     cfg = AlignConfig(agent="executor", delta0=kl0 / 10, max_steps=40)
 

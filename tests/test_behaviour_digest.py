@@ -82,7 +82,7 @@ def table_digest(run_dir: Path, table: str) -> dict:
 
     df = store.read_table(run_dir, table)
     df = df[sorted(c for c in df.columns if c not in VOLATILE)]
-    keys = [c for c in ("iteration", "phase", "episode_id", "turn", "agent") if c in df]
+    keys = [c for c in store.KEYS if c in df]
     h = hashlib.sha256()
     floats: dict[str, list[float]] = {c: [] for c in df.columns}
     for row in df.sort_values(keys).to_dict("records"):

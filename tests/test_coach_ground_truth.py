@@ -14,8 +14,8 @@ from conftest import tiny_config
 from flows.config import ConfigError, load_config
 from infra import runs
 from pipelines.base import Episode, Problem
-from tasks import context
 from tasks.coach_evaluate import score_episodes
+from tasks.context import RunContext
 
 ANSWER = "987654"
 
@@ -94,7 +94,7 @@ def dsbench_episode():
 
 
 def deepresearch_episode(run_dir):
-    p = next(p for p in context.of(run_dir).pipeline.problems("train") if p.hops == 2)  # a bridge document to hide
+    p = next(p for p in RunContext(run_dir).pipeline.problems("train") if p.hops == 2)  # a bridge document to hide
     acts = [
         act(0, "system2", "search: who built it", "# Unrelated Page\nnothing here", "search", "who built it"),
         act(1, "system1", "- nothing relevant", "# Unrelated Page\nnothing here", "extract", "who built it"),
@@ -105,7 +105,7 @@ def deepresearch_episode(run_dir):
 
 def hidden_titles(run_dir, ep):
     """The gold support documents that the question does not name."""
-    return [t for t in context.of(run_dir).pipeline._support_titles[ep.problem.task_id] if t not in ep.problem.question]
+    return [t for t in RunContext(run_dir).pipeline._support_titles[ep.problem.task_id] if t not in ep.problem.question]
 
 
 def run_dir_for(tmp_path, preset, *overrides):
@@ -130,7 +130,7 @@ def test_llm_coach_requests_hold_no_answer(server, tmp_path, preset, ground_trut
         "dsbench-tiny": dsbench_episode,
         "deepresearch-tiny": lambda: deepresearch_episode(run_dir),
     }[preset]()
-    [results] = score_episodes(run_dir, [ep])
+    [results] = score_episodes(RunContext(run_dir), [ep])
     assert [r.status for r in results] == ["ok"] * 3 and len(server.bodies) == 3
     leaked = [ANSWER, *(hidden_titles(run_dir, ep) if preset == "deepresearch-tiny" else [])]
     payload = "\n".join(server.bodies)
@@ -140,7 +140,7 @@ def test_llm_coach_requests_hold_no_answer(server, tmp_path, preset, ground_trut
     else:
         assert not [s for s in leaked if s in payload]
         assert "not given" in payload and "Correct answer" not in payload  # nor in the few-shot example
-        for fb in context.of(run_dir).pipeline.feedback(ep, False):
+        for fb in RunContext(run_dir).pipeline.feedback(ep, False):
             assert not [s for s in leaked if s in fb]
 
 
@@ -158,7 +158,7 @@ def test_blind_rubric_reads_no_answer(tmp_path):
         blind = [
             [
                 (r.score, r.rationale, r.status)
-                for r in score_episodes(run_dir, [mathchat_episode(a, output, verdict)])[0]
+                for r in score_episodes(RunContext(run_dir), [mathchat_episode(a, output, verdict)])[0]
             ]
             for a in (Untouchable(ANSWER), "42", ANSWER)
         ]

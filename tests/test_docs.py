@@ -28,6 +28,17 @@ def test_generated_reference_pages_are_current():
         )
 
 
+def test_a_column_without_a_description_stops_the_schema_page(monkeypatch):
+    import pyarrow as pa
+
+    from flows import reference
+
+    coach = reference.SCHEMAS["coach"]
+    monkeypatch.setitem(reference.SCHEMAS, "coach", coach.append(pa.field("new_column", pa.string())))
+    with pytest.raises(ValueError, match="column coach.new_column has no description"):
+        reference.schemas_page()
+
+
 def test_every_teamrl_variable_the_code_reads_is_documented():
     sources = [
         p for d in ("flows", "tasks", "infra", "pipelines") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".sh")

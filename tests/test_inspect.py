@@ -9,10 +9,10 @@ import pytest
 
 from flows.inspection import TOKEN_COLUMNS, episode_table, export, transcript
 from infra import store
+from infra.store import KEYS
 
 pytestmark = pytest.mark.slow
 
-KEYS = ["run_id", "iteration", "phase", "episode_id", "turn", "agent"]
 EPISODE_FIELDS = ["question", "answer", "final_answer", "outcome", "success", "num_turns", "pipeline"]
 
 
@@ -241,3 +241,16 @@ def test_transcript_asks_for_the_phase_when_an_iteration_has_the_id_twice(run_co
         transcript(run_copy, "eval-0000-00")
     text = transcript(run_copy, "eval-0000-00", phase="eval-swap-solver")
     assert "iteration 2, phase eval-swap-solver" in text and "also occurs at iteration 0" in text
+
+
+def test_size_text_picks_the_largest_unit_below_1024():
+    from flows.inspection import size_text
+
+    assert [size_text(n) for n in (0, 1023, 1024, 3500, 12 * 1024**2, 5000 * 1024**4)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "3.4 KiB",
+        "12.0 MiB",
+        "5000.0 TiB",
+    ]

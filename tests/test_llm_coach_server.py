@@ -35,11 +35,11 @@ class CountingCoach(LLMCoach):
 
 
 def _episode_requests(trained_run, n: int) -> list[CoachRequest]:
-    from tasks import context
     from tasks.coach_evaluate import load_partition_episodes
+    from tasks.context import RunContext
 
     _, run_dir = trained_run
-    pipe = context.of(run_dir).pipeline
+    pipe = RunContext(run_dir).pipeline
     roles = {a.name: a.role for a in pipe.agents}
     reqs = []
     for ep in load_partition_episodes(str(run_dir), 1, "rollout")[:n]:

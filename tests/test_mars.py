@@ -307,11 +307,12 @@ def test_advantage_rows_train_only_positive_advantages_when_asked(monkeypatch):
     eps = pd.DataFrame({"episode_id": list("abcd"), "outcome": rewards, "group_id": "g"})
     for positive_only in (False, True):
         algo = AlgorithmConfig(estimator="grpo_trajectory", kl_coef=0.0, positive_only=positive_only, whiten_eps=1e-12)
-        run = SimpleNamespace(config=SimpleNamespace(algorithm=algo), seed_for=lambda *p: 0, pipeline=PipelineBase())
-        monkeypatch.setattr(ca.context, "of", lambda _d, run=run: run)
+        run = SimpleNamespace(
+            run_dir="run", config=SimpleNamespace(algorithm=algo), seed_for=lambda *p: 0, pipeline=PipelineBase()
+        )
         monkeypatch.setattr(ca.store, "load_actions", lambda *_a: acts)
         monkeypatch.setattr(ca.store, "read_table", lambda *_a: eps)
-        rows = ca.advantage_rows("run", 1, "rollout")
+        rows = ca.advantage_rows(run, 1, "rollout")
         std, raw = np.sqrt(11 / 64), [5 / 8, -3 / 8, -3 / 8, 1 / 8]
         want = [max(r, 0.0) if positive_only else r for r in raw]
         assert np.allclose([r["advantages"] for r in rows], [[w / std] * 2 for w in want], rtol=1e-5)

@@ -80,8 +80,8 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
 
     from flows.train import train
     from infra import store
-    from tasks import context
     from tasks.collect_rollouts import ShardPlayer
+    from tasks.context import RunContext
 
     run_dir = train(
         config=tiny_config(
@@ -95,9 +95,10 @@ def test_rollouts_run_on_actors_on_both_nodes(prefect_harness, cluster, tmp_path
             "engines.ray.placement=strict_spread",
         )
     )
-    nodes = context.of(run_dir).rollout_workers(ShardPlayer).placement()
-    assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
-    assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
+    with RunContext(run_dir) as run:  # the run's actors went with its flow: the same config places them again
+        nodes = run.rollout_workers(ShardPlayer).placement()
+        assert len(nodes) == 2 and len(set(nodes)) == 2  # one actor per node
+        assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
     eps = store.read_table(run_dir, "episodes", 1, "rollout")
     acts = store.load_actions(run_dir, 1, "rollout")
     assert len(eps) == 8 and eps["episode_id"].is_unique  # 4 questions x group of 2, in order

@@ -8,7 +8,7 @@ import yaml
 
 from infra import store
 from infra.faults import InjectedFault
-from tasks import context
+from tasks.context import RunContext
 from tasks.stage import stage
 
 
@@ -41,56 +41,55 @@ calls: list[tuple] = []
 
 
 @stage("updates", part=lambda p: p["agent"], returns=lambda out: int(out.read("updates")["version_after"].iloc[0]))
-def toy_update(run_dir: str, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
+def toy_update(run: RunContext, iteration: int, phase: str, agent: str, version_before: int) -> list[dict]:
     calls.append((iteration, phase, agent))
     return [_update_row(iteration, phase, agent, version_before + 1)]
 
 
 @stage("actions", "episodes", fault="toy_pair")
-def toy_pair(run_dir: str, iteration: int, phase: str) -> dict[str, list[dict]]:
+def toy_pair(run: RunContext, iteration: int, phase: str) -> dict[str, list[dict]]:
     calls.append((iteration, phase, "pair"))
     return {"actions": [], "episodes": []}
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
+def run(tmp_path, monkeypatch):
     monkeypatch.delenv("TEAMRL_FAULT", raising=False)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"run_id": "toy", "nonce": "n1"}))
-    context.close(tmp_path)
     calls.clear()
-    yield str(tmp_path)
-    context.close(tmp_path)
+    with RunContext(tmp_path) as opened:
+        yield opened
 
 
-def test_a_stage_computes_once_and_then_answers_from_the_store(run_dir):
-    assert toy_update.fn(run_dir, 1, "rollout", "a", 0) == 1
-    assert toy_update.fn(run_dir, 1, "rollout", "a", 0) == 1  # done: not computed again
-    assert toy_update.fn(run_dir, 1, "rollout", "b", 4) == 5  # another part of the same partition
+def test_a_stage_computes_once_and_then_answers_from_the_store(run):
+    assert toy_update.fn(run, 1, "rollout", "a", 0) == 1
+    assert toy_update.fn(run, 1, "rollout", "a", 0) == 1  # done: not computed again
+    assert toy_update.fn(run, 1, "rollout", "b", 4) == 5  # another part of the same partition
     assert calls == [(1, "rollout", "a"), (1, "rollout", "b")]
-    df = store.read_table(run_dir, "updates", 1, "rollout")
+    df = store.read_table(run.run_dir, "updates", 1, "rollout")
     assert sorted(df["agent"]) == ["a", "b"]
-    assert list(store.read_table(run_dir, "updates", 1, "rollout", name="b")["version_after"]) == [5]
+    assert list(store.read_table(run.run_dir, "updates", 1, "rollout", name="b")["version_after"]) == [5]
 
 
-def test_the_cache_key_exists_only_with_the_partition(run_dir):
+def test_the_cache_key_exists_only_with_the_partition(run):
     key = toy_update.cache_key_fn
-    params = {"run_dir": run_dir, "iteration": 2, "phase": "resample-1", "agent": "a", "version_before": 0}
+    params = {"run": run, "iteration": 2, "phase": "resample-1", "agent": "a", "version_before": 0}
     assert key(None, params) is None  # never written: Prefect must run it
     toy_update.fn(**params)
     assert key(None, params) == "teamrl:toy:n1:toy_update:2:resample-1:a"
     assert key(None, params | {"agent": "b"}) is None  # per part
-    (store.partition_dir(run_dir, "updates", 2, "resample-1") / "part-a.parquet").unlink()
+    (store.partition_dir(run.run_dir, "updates", 2, "resample-1") / "part-a.parquet").unlink()
     assert key(None, params) is None  # deleted by hand: no stale result is served
 
 
-def test_a_fault_after_the_work_leaves_the_stage_to_redo(run_dir, monkeypatch):
+def test_a_fault_after_the_work_leaves_the_stage_to_redo(run, monkeypatch):
     monkeypatch.setenv("TEAMRL_FAULT", "toy_pair:1:raise")
     with pytest.raises(InjectedFault):
-        toy_pair.fn(run_dir, 1, "rollout")
+        toy_pair.fn(run, 1, "rollout")
     # the first table is written, the last (the stage's completion mark) is not
-    assert store.partition_exists(run_dir, "actions", 1, "rollout", name="all")
-    assert not store.partition_exists(run_dir, "episodes", 1, "rollout", name="all")
+    assert store.partition_exists(run.run_dir, "actions", 1, "rollout", name="all")
+    assert not store.partition_exists(run.run_dir, "episodes", 1, "rollout", name="all")
     monkeypatch.delenv("TEAMRL_FAULT")
-    assert toy_pair.fn(run_dir, 1, "rollout") == str(store.partition_dir(run_dir, "episodes", 1, "rollout"))
+    assert toy_pair.fn(run, 1, "rollout") == str(store.partition_dir(run.run_dir, "episodes", 1, "rollout"))
     assert calls == [(1, "rollout", "pair")] * 2
-    assert store.partition_exists(run_dir, "episodes", 1, "rollout", name="all")
+    assert store.partition_exists(run.run_dir, "episodes", 1, "rollout", name="all")

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from infra import store
+from infra import schemas, store
 
 KEY = dict(run_id="r1", episode_id="e0", turn=0, agent="solver")
 
@@ -150,17 +150,45 @@ def test_explicit_arrow_types(tmp_path, table, column, arrow_type):
     assert store.read_table(tmp_path, table)[column].dtype == pd.ArrowDtype(arrow_type)
 
 
+def test_every_table_and_column_has_a_description():
+    for table, schema in store.SCHEMAS.items():
+        assert schemas.description(schema), table
+        assert not [f.name for f in schema if not schemas.description(f)], table
+
+
 def test_write_rejects_rows_missing_a_column(tmp_path):
     row = dict(ROWS["coach"], iteration=1, phase="rollout")
     del row["status"]
-    with pytest.raises(ValueError, match="status"):
-        store.write_partition(tmp_path, "coach", 1, "rollout", [row])
+    with pytest.raises(store.SchemaError, match=r"coach: rows lack columns \['status'\]"):
+        write(tmp_path, "coach", rows=[ROWS["coach"], row])  # any row, not only the first
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_write_rejects_keys_the_schema_lacks(tmp_path):
+    with pytest.raises(store.SchemaError, match=r"coach: rows have keys \['scroe'\]"):
+        write(tmp_path, "coach", rows=[ROWS["coach"], dict(ROWS["coach"], scroe=1.0)])
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("column, value", [("score", "high"), ("turn", "0"), ("response_ids", [1.5, "x"])])
+def test_write_rejects_a_value_of_the_wrong_type_naming_the_column(tmp_path, column, value):
+    table = "actions" if column == "response_ids" else "coach"
+    with pytest.raises(store.SchemaError, match=rf"{table}\.{column}: "):
+        write(tmp_path, table, **{column: value})
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_written_files_carry_no_descriptions(tmp_path):
+    d = write(tmp_path, "coach")
+    assert pq.read_schema(next(d.glob("part-*.parquet"))).field("score").metadata is None
+    assert schemas.description(store.read_table(tmp_path, "coach", arrow=True).schema.field("score"))
 
 
 def test_a_column_added_later_reads_as_null_in_older_files(tmp_path):
     write(tmp_path, "coach", name="new", error_kind="timeout")
-    old = pa.schema([f for f in store.SCHEMAS["coach"] if f.name not in ("error_kind", "iteration", "phase")])
+    old = pa.schema(
+        [f for f in schemas.bare(store.SCHEMAS["coach"]) if f.name not in ("error_kind", "iteration", "phase")]
+    )
     row = {k: v for k, v in ROWS["coach"].items() if k != "error_kind"} | {"episode_id": "e1"}
     d = store.partition_dir(tmp_path, "coach", 1, "rollout")
     pq.write_table(pa.Table.from_pylist([row], schema=old), d / "part-old.parquet")  # written before the column
