@@ -2,7 +2,10 @@
 
 The first SIGINT raises KeyboardInterrupt in the main thread, as Python's default handler does, so the code
 unwinds: Prefect records the flow run as Crashed, the run lock is released, the MLflow run is marked KILLED.
-A watchdog ends the process if that takes longer than the grace period. A KeyboardInterrupt raised where
+A watchdog ends the process if that, exit handlers included, takes longer than the grace period from the
+signal. The thread that counts the presses (below) starts it as the signal arrives: Python's handler runs
+only once the main thread leaves the C call it is in, which can outlast the grace period itself (an SQLite
+busy wait on an MLflow store that another process is writing: up to 20 s). A KeyboardInterrupt raised where
 Python cannot raise (a weakref or garbage-collector callback, a __del__: "Exception ignored in ...") is
 raised again.
 
@@ -33,7 +36,10 @@ from contextlib import contextmanager
 from functools import partial
 from typing import cast
 
-GRACE_S = 10.0  # the most a stopping run may take after the first Ctrl-C
+STOP_S = 10.0  # the most a stopping run may take, from the first Ctrl-C to the process's exit
+# the watchdog fires this much before STOP_S: after its SIGINT the process still has to end
+EXIT_MARGIN_S = 0.5
+GRACE_S = STOP_S - EXIT_MARGIN_S
 
 _interrupted = False
 
@@ -53,8 +59,8 @@ def stop_on_ctrl_c(grace_s: float = GRACE_S):
     atexit.register(_end_interrupted)
     unraisablehook = sys.unraisablehook
     sys.unraisablehook = partial(_on_unraisable, unraisablehook)
-    signal.signal(signal.SIGINT, partial(_on_first, grace_s))
-    counted = _count_ctrl_c()
+    counted = _count_ctrl_c(grace_s)
+    signal.signal(signal.SIGINT, partial(_on_first, grace_s, counted is None))
     try:
         yield
     finally:
@@ -80,21 +86,22 @@ def by_ctrl_c(e: BaseException | None) -> bool:
     return False
 
 
-def _on_first(grace_s: float, signum, frame) -> None:
+def _on_first(grace_s: float, watchdog: bool, signum, frame) -> None:
+    """Python's handler of the first SIGINT; it starts the watchdog (`watchdog`) where no thread counts."""
     global _interrupted
     _interrupted = True
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
-    watchdog = threading.Timer(grace_s, _die_by_sigint)
-    watchdog.daemon = True
-    watchdog.start()
+    if watchdog:
+        _start_watchdog(grace_s)
     os.write(2, b"\nstopping: the current stage is abandoned (Ctrl-C again to quit at once)\n")
     raise KeyboardInterrupt
 
 
-def _count_ctrl_c() -> socket.socket | None:
-    """Start the thread that ends the process at a second SIGINT to this process; returns the writing end
-    of its socket (None where the wakeup file descriptor is taken, by an asyncio loop of the main thread:
-    then two SIGINTs that arrive together count as one)."""
+def _count_ctrl_c(grace_s: float) -> socket.socket | None:
+    """Start the thread that starts the watchdog at the first SIGINT to this process and ends the process
+    at the second; returns the writing end of its socket (None where the wakeup file descriptor is taken,
+    by an asyncio loop of the main thread: then two SIGINTs that arrive together count as one, and the
+    grace period starts once the main thread runs Python's handler)."""
     r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per byte; EOF once w closes
     r.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # each message carries its sender's pid
     w.setblocking(False)
@@ -111,14 +118,22 @@ def _count_ctrl_c() -> socket.socket | None:
             data, ancillary, _, _ = r.recvmsg(64, socket.CMSG_SPACE(struct.calcsize("3i")))
             if not data:
                 break
-            if _sender(ancillary) == me:
-                n += data.count(signal.SIGINT)
+            if (k := data.count(signal.SIGINT)) and _sender(ancillary) == me:
+                n += k
                 if n >= 2:
                     _die_by_sigint()
+                else:  # the first: its grace period starts now, however long the main thread stays in C code
+                    _start_watchdog(grace_s)
         r.close()
 
     threading.Thread(target=count, name="ctrl-c", daemon=True).start()
     return w
+
+
+def _start_watchdog(grace_s: float) -> None:
+    watchdog = threading.Timer(grace_s, _die_by_sigint)
+    watchdog.daemon = True
+    watchdog.start()
 
 
 def _sender(ancillary: list) -> int | None:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,17 @@ def _env(tmp_path: Path, **extra) -> dict:
     )
 
 
-def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: float = 0.0, env: dict | None = None):
+def _start_and_interrupt(
+    tmp_path: Path,
+    args: list[str],
+    signals: int,
+    gap_s: float = 0.0,
+    env: dict | None = None,
+    before: Callable[[], None] | None = None,
+):
     """Start `teamrl train args` in its own session (as a terminal starts a foreground job) and, once the
-    first Parquet partition of run `i` exists, send SIGINT to its process group `signals` times `gap_s`
-    apart; returns (exit status, seconds from the last signal to the exit, output)."""
+    first Parquet partition of run `i` exists (and `before` has returned), send SIGINT to its process group
+    `signals` times `gap_s` apart; returns (exit status, seconds from the last signal to the exit, output)."""
     log = tmp_path / "interrupted.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
@@ -76,6 +84,8 @@ def _start_and_interrupt(tmp_path: Path, args: list[str], signals: int, gap_s: f
             while not list((tmp_path / "i").rglob("part-*.parquet")):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.2)
+            if before:
+                before()
             for n in range(signals):
                 if n:  # as a person presses again: once the first Ctrl-C's clean stop says it has begun
                     _wait_for_text(log, STOPPING, proc)
@@ -161,6 +171,32 @@ def test_second_ctrl_c_quits_at_once(tmp_path):
     assert took < 5, f"the second Ctrl-C waited ({took:.0f} s) for the clean stop or its watchdog:\n{out[-3000:]}"
     assert STOPPING in out, out[-3000:]
     assert "Finished stages are kept" not in out, "the second Ctrl-C waited for the clean stop"
+    assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
+
+
+def test_ctrl_c_while_the_mlflow_store_is_held_ends_within_the_grace_period(tmp_path):
+    """Another run sharing the MLflow store holds it (SQLite's exclusive lock) past the grace period: the
+    run's next MLflow write waits in SQLite's busy handler, C code that Python's SIGINT handler waits for (up
+    to 20 s), so only a watchdog started at the signal keeps the stop within the grace period (GRACE_S, 10 s;
+    started by the handler, it ended the process 27 s after the Ctrl-C). The stop is cut short, as after
+    SIGKILL (its resume: test_resume_marks_the_flow_run_of_a_killed_process_crashed)."""
+    held = []
+
+    def hold_the_store():
+        db = sqlite3.connect(tmp_path / "mlflow.db", timeout=60, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        held.append(db)
+        time.sleep(3)  # the run reaches its next MLflow write and waits for the store
+
+    try:
+        rc, took, out = _start_and_interrupt(tmp_path, [], signals=1, before=hold_the_store)
+    finally:
+        for db in held:
+            db.close()  # rolls back, and the store is free again
+    assert held, "the store was not taken"
+    assert rc == -signal.SIGINT, f"rc={rc} ({took:.0f} s after the Ctrl-C):\n{out[-3000:]}"
+    assert took < STOP_S, f"{took:.0f} s after the Ctrl-C: the grace period did not start at the signal"
+    assert not list((tmp_path / "i").rglob(".tmp-*")), "half-written files were left behind"
     assert not _processes_with(tmp_path / "prefect"), "the temporary Prefect server outlived the CLI"
 
 

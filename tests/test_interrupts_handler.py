@@ -108,6 +108,69 @@ def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
     assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
 
 
+ONE_IN_C_CODE = """
+import hashlib
+from infra.interrupt import stop_on_ctrl_c
+
+try:
+    with stop_on_ctrl_c(grace_s=1):
+        print("in C code", flush=True)
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 100_000_000)  # half a minute in C, as an SQLite busy wait
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_the_grace_period_starts_at_the_signal_not_when_the_main_thread_leaves_c_code():
+    """Python's handler runs once the C call returns; the watchdog started there let a stop outlast the
+    grace period by as long as the call took (27 s for a Ctrl-C in an SQLite busy wait). Ended by the
+    watchdog in C code, the process never gets to print "interrupted"."""
+    proc = subprocess.Popen(
+        [*FOREGROUND, sys.executable, "-c", ONE_IN_C_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    out = proc.stdout.read()
+    assert rc == -signal.SIGINT and out == "", (rc, out, proc.stderr.read())
+
+
+HANGING_EXIT_HANDLER = """
+import atexit, os, signal, time
+from infra.interrupt import stop_on_ctrl_c
+
+def flush():  # as MLflow's trace queue or Prefect's server stop would, were they to hang
+    print("exit handler", flush=True)
+    time.sleep(3600)
+
+try:
+    with stop_on_ctrl_c(grace_s=1):
+        atexit.register(flush)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(3600)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_exit_handlers_run_under_the_watchdog():
+    """An exit handler of what the block started runs after the clean stop, and the grace period covers it."""
+    proc = subprocess.run(
+        [*FOREGROUND, sys.executable, "-c", HANGING_EXIT_HANDLER], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == -signal.SIGINT, proc.stderr
+    assert proc.stdout.split() == ["interrupted", "exit", "handler"], proc.stdout + proc.stderr
+
+
 FORKED_CHILD = """
 import hashlib, os, time
 from infra.interrupt import stop_on_ctrl_c
