@@ -86,7 +86,7 @@ def _time_exit(proc: subprocess.Popen, stacks: bool) -> tuple[int, float]:
     return proc.returncode, time.monotonic() - t0
 
 
-def _left_over(prefect_home: Path) -> list[int]:
+def left_over(prefect_home: Path) -> list[int]:
     """Processes whose environment names this run's Prefect home (its temporary server, if it outlived it)."""
     needle = f"PREFECT_HOME={prefect_home}".encode()
     found = []
@@ -159,7 +159,7 @@ def once(a: argparse.Namespace) -> dict:
             release.join()
         row = {"exit_s": round(took, 2), "rc": rc, **_kept(folder, run_dir)}
         row["flow_run"] = _flow_run_state(folder, run_dir)
-        row["left_over_processes"] = len(_left_over(folder / "prefect"))
+        row["left_over_processes"] = len(left_over(folder / "prefect"))
         if a.stacks:
             print(log.read_text())
         if not a.no_resume:

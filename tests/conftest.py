@@ -60,6 +60,7 @@ def pytest_sessionfinish(session):
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_1min_at_end": round(os.getloadavg()[0], 2),
         "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "exit_status": int(session.exitstatus),  # 2: interrupted, so a partial record
         "tests": len(_SECONDS),
         "seconds_in_tests": round(sum(_SECONDS.values()), 1),
         "slowest": {k: round(v, 1) for k, v in sorted(_SECONDS.items(), key=lambda kv: -kv[1])},

@@ -119,16 +119,11 @@ def _wait_for_text(log: Path, text: str, proc: subprocess.Popen, timeout_s: floa
 def _processes_with(prefect_home: Path, wait_s: float = 15.0) -> list[int]:
     """Processes (after up to `wait_s` for them to end) whose environment holds PREFECT_HOME=prefect_home:
     the CLI's Prefect server among them if it outlived the CLI."""
-    needle = f"PREFECT_HOME={prefect_home}".encode()
+    from benchmarks.interrupt_latency import left_over
+
     deadline = time.monotonic() + wait_s
     while True:
-        found = []
-        for p in Path("/proc").iterdir():
-            try:
-                if p.name.isdigit() and needle in (p / "environ").read_bytes().split(b"\0"):
-                    found.append(int(p.name))
-            except OSError:
-                pass
+        found = left_over(prefect_home)
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.5)

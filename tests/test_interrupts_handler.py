@@ -84,28 +84,38 @@ except KeyboardInterrupt:
 """
 
 
-def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
-    """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
+def interrupted_in_c_code(code: str, presses: int = 1, group: bool = False) -> tuple[int, float, str, str]:
+    """Run `code` in a child that prints "in C code" before its long C call, then SIGINT it `presses` times (to
+    its process group with `group`): (exit status, seconds from the last press to its exit, stdout, stderr)."""
     proc = subprocess.Popen(
-        [*FOREGROUND, sys.executable, "-c", IN_C_CODE],
+        [*FOREGROUND, sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        start_new_session=group,
     )
     try:
         assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
         time.sleep(0.5)
-        for _ in range(2):
-            os.kill(proc.pid, signal.SIGINT)
+        for _ in range(presses):
+            os.killpg(proc.pid, signal.SIGINT) if group else os.kill(proc.pid, signal.SIGINT)
             time.sleep(0.1)
         t0 = time.monotonic()
-        rc = proc.wait(timeout=120)
+        rc = proc.wait(timeout=300)
         took = time.monotonic() - t0
     finally:
-        proc.kill()
-    out = proc.stdout.read()
-    assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, proc.stderr.read())
+        try:
+            os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill()
+        except ProcessLookupError:
+            pass
+    return rc, took, proc.stdout.read(), proc.stderr.read()
+
+
+def test_two_ctrl_c_while_the_main_thread_is_in_c_code_quit_at_once():
+    """Python would run its SIGINT handler once, when the C call returns: both presses would make one."""
+    rc, took, out, err = interrupted_in_c_code(IN_C_CODE, presses=2)
+    assert rc == -signal.SIGINT and took < 5 and "interrupted" not in out, (rc, took, out, err)
 
 
 ONE_IN_C_CODE = """
@@ -126,22 +136,8 @@ def test_the_grace_period_starts_at_the_signal_not_when_the_main_thread_leaves_c
     """Python's handler runs once the C call returns; the watchdog started there let a stop outlast the
     grace period by as long as the call took (27 s for a Ctrl-C in an SQLite busy wait). Ended by the
     watchdog in C code, the process never gets to print "interrupted"."""
-    proc = subprocess.Popen(
-        [*FOREGROUND, sys.executable, "-c", ONE_IN_C_CODE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
-        time.sleep(0.5)
-        os.kill(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=300)
-    finally:
-        proc.kill()
-    out = proc.stdout.read()
-    assert rc == -signal.SIGINT and out == "", (rc, out, proc.stderr.read())
+    rc, _, out, err = interrupted_in_c_code(ONE_IN_C_CODE)
+    assert rc == -signal.SIGINT and out == "", (rc, out, err)
 
 
 HANGING_EXIT_HANDLER = """
@@ -194,23 +190,5 @@ def test_one_ctrl_c_to_a_group_with_a_forked_child_is_one_press():
     """The sandbox's interpreter probe forks (it changes the user); a Ctrl-C to the process group while it
     has not exec'd yet reached both processes' handlers, the counting thread read two SIGINTs and the
     process quit at once, without its clean stop."""
-    proc = subprocess.Popen(
-        [*FOREGROUND, sys.executable, "-c", FORKED_CHILD],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "in C code", proc.stderr.read()
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    out = proc.stdout.read()
-    assert rc == -signal.SIGINT and out.strip() == "interrupted", (rc, out, proc.stderr.read())
+    rc, _, out, err = interrupted_in_c_code(FORKED_CHILD, group=True)
+    assert rc == -signal.SIGINT and out.strip() == "interrupted", (rc, out, err)
