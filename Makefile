@@ -51,7 +51,7 @@ demo: install
 # tests/test_docs.py builds the docs site with mkdocs-material (the docs extra)
 test: install browser
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench,docs]'
-	TEAMRL_PROGRESS=0 $(PY) -m pytest -q --durations=30
+	TEAMRL_PROGRESS=0 $(PY) -m pytest -q --durations=30 --durations-json=tests/durations.json
 
 # the docs site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt on every change; the pages under
 # docs/reference/ marked "Generated" come from `.venv/bin/python -m flows.reference`
