@@ -126,6 +126,7 @@ def align(run_dir: str, config: AlignConfig) -> dict:
     run_dir, agent = str(run_dir), config.agent
     with runs.run_lock(run_dir):
         runs.remove_temporaries(run_dir)  # what an interrupted writer left half-written
+        # the engines are released once the team has played; the run's identity and config stay readable
         with RunContext(run_dir) as run:
             p = plan(run, config)
             k = p.iteration
