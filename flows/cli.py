@@ -272,7 +272,8 @@ def align(
             AlignConfig,
         )
         run_dir = runs.find_run(runs_dir, run_id)
-        plan(RunContext(run_dir), cfg)  # refused before a Prefect server starts
+        with RunContext(run_dir) as run:
+            plan(run, cfg)  # refused before a Prefect server starts
         with flow_session():
             result = align_flow(str(run_dir), cfg)
     except KeyboardInterrupt:

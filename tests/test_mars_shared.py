@@ -159,6 +159,7 @@ def test_shared_model_flow(mars_run):
     from flows.metrics import partition_metrics
     from infra import store
     from tasks.align import AlignConfig
+    from tasks.context import RunContext
 
     _, run_dir = mars_run
     up = store.read_table(run_dir, "updates")
@@ -173,7 +174,8 @@ def test_shared_model_flow(mars_run):
     pm = partition_metrics(run_dir, 1, "rollout")
     assert {"coach_score/system1", "coach_score/system2", "system1/compression"} <= set(pm)
     with pytest.raises(AlignError, match="shares its weights 'shared' with system2"):
-        plan(str(run_dir), AlignConfig(agent="system1"))
+        with RunContext(run_dir) as run:
+            plan(run, AlignConfig(agent="system1"))
 
 
 @pytest.mark.slow
