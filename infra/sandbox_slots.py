@@ -158,24 +158,26 @@ def _remove_groups(groups: list[Path]) -> None:
             log.warning("could not remove sandbox cgroup %s (processes still in it)", d)
 
 
-def processes_of(uid: int) -> list[int]:
-    """Pids whose real uid is `uid`, zombies included: until reaped they still count against its quota."""
+def processes_of(uid: int, zombies: bool = True) -> list[int]:
+    """Pids whose real uid is `uid`, zombies included unless asked: until reaped they still count against
+    its quota."""
     out, want = [], str(uid)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/status") as fh:
-                if any(line.startswith("Uid:") and line.split()[1] == want for line in fh):
-                    out.append(int(pid))
-        except OSError:
-            pass
+                fields = dict(line.split(":", 1) for line in fh if line.startswith(("State:", "Uid:")))
+        except (OSError, ValueError):
+            continue
+        if fields.get("Uid", "").split()[:1] == [want] and (zombies or fields["State"].split()[0] not in "ZX"):
+            out.append(int(pid))
     return out
 
 
-def kill_uid(uid: int, wait_s: float = 10.0) -> bool:
-    """SIGKILL every process of `uid` until none is left, reaped ones included (a fork bomb spawns while we
-    kill, and the orphans' reaper may lag); True when clean."""
+def kill_uid(uid: int, wait_s: float = 10.0, zombies: bool = True) -> bool:
+    """SIGKILL every process of `uid` until none is left, reaped ones included unless `zombies` is False
+    (a fork bomb spawns while we kill, and the orphans' reaper may lag); True when clean."""
     deadline = time.monotonic() + wait_s
-    while pids := processes_of(uid):
+    while pids := processes_of(uid, zombies):
         if time.monotonic() > deadline:
             log.warning("processes %s of sandbox uid %d survived %.0f s of SIGKILL", pids[:10], uid, wait_s)
             return False
@@ -245,7 +247,10 @@ def slot(uid_base: int, uid_count: int, max_processes: int, memory_mb: int, wait
         uid = stack.enter_context(_hold_uid(uid_base, uid_count, wait_s)) if os.geteuid() == 0 else None
         if uid is not None:
             kill_uid(uid)  # a trainer killed mid-call, or a slow reaper, may have left processes of this uid
-            stack.callback(kill_uid, uid, 2.0)  # briefly: a stopping trainer must not wait on a lagging reaper
+            # at the end, only until nothing of the call runs: its zombies are the reaper's (bwrap's own init
+            # is reparented to pid 1 as it exits, and some inits reap it seconds later), and this uid's next
+            # call waits for them above
+            stack.callback(kill_uid, uid, 2.0, zombies=False)
         groups = _make_groups(cgroup_parents(), max_processes, memory_mb) if cgroup_parents() else []
         stack.callback(_remove_groups, groups)
         yield Slot(uid, groups)

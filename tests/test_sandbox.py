@@ -319,3 +319,20 @@ def test_children_do_not_outlive_the_call(mode, new_session, request):
     finally:
         for pid in alive_with(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_zombie_counts_as_a_process_of_its_uid_unless_left_out():
+    """A zombie (here our own unreaped child) counts against its uid's quota until reaped, so a uid's next
+    call waits for it; the end of a call leaves zombies out (bwrap's init is reparented to pid 1 as it
+    exits, and an init that reaps late must not hold every call up)."""
+    child = subprocess.Popen(["/bin/true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    try:
+        assert child.pid in sandbox_slots.processes_of(os.getuid())
+        assert child.pid not in sandbox_slots.processes_of(os.getuid(), zombies=False)
+    finally:
+        child.wait()
+    assert child.pid not in sandbox_slots.processes_of(os.getuid())
