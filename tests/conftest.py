@@ -55,6 +55,7 @@ _STARTED = time.monotonic()
 SHARED_RUNS = ("trained_run", "teamtr_run", "mars_run", "dsbench_run")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under xdist (`--dist loadgroup`), the tests that share an expensive fixture go to one worker, so it is
     made once: a session run by its name, a module's own fixture (a server stack, a sweep) by the module."""
