@@ -5,10 +5,6 @@ PRESET  ?= mathchat-smol
 ARGS    ?=
 export HF_HUB_OFFLINE := 1
 
-# `make test`'s pytest-xdist workers: the slow tests wait on servers, subprocesses and the browser, and two
-# workers overlap those waits on 2 cores (tests/conftest.py gives each worker its share of the cores' threads)
-TEST_WORKERS ?= 2
-
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: install bwrap sandbox-python browser demo test test-fast lint typecheck docs bench server server-stop clean
@@ -55,8 +51,7 @@ demo: install
 # tests/test_docs.py builds the docs site with mkdocs-material (the docs extra)
 test: install browser
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench,docs]'
-	TEAMRL_PROGRESS=0 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 \
-	  --durations-json=tests/durations.json
+	TEAMRL_PROGRESS=0 $(PY) -m pytest -q --durations=30 --durations-json=tests/durations.json
 
 # the docs site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt on every change; the pages under
 # docs/reference/ marked "Generated" come from `.venv/bin/python -m flows.reference`

@@ -28,12 +28,6 @@ if _has_avx2():  # set before torch loads; forcing AVX2 kernels on a CPU without
     for _key, _value in ISA_PIN.items():
         os.environ.setdefault(_key, _value)
 
-# Under xdist (`make test` runs `-n 2`) each worker, and each process it starts, gets its share of the cores:
-# two processes with a thread per core each wait at every op's thread barrier for a thread that is not running.
-if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
-    for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_key, str(max(1, (os.cpu_count() or 1) // _workers)))
-
 import pytest  # noqa: E402
 
 import infra.telemetry  # noqa: E402,F401  (usage reporting off, as in every process teamrl starts)
@@ -51,26 +45,6 @@ def pytest_addoption(parser):
 _SECONDS: dict[str, float] = {}
 _STARTED = time.monotonic()
 
-# The session's real runs; each xdist worker that asks for one trains its own.
-SHARED_RUNS = ("trained_run", "teamtr_run", "mars_run", "dsbench_run")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (`--dist loadgroup`), the tests that share an expensive fixture go to one worker, so it is
-    made once: a session run by its name, a module's own fixture (a server stack, a sweep) by the module."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        group = next((name for name in SHARED_RUNS if name in item.fixturenames), None)
-        if group is None and any(
-            defs[-1].scope == "module" for name, defs in info.name2fixturedefs.items() if name in item.fixturenames
-        ):
-            group = item.module.__name__
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
 
 def pytest_runtest_logreport(report):
     _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
@@ -81,17 +55,16 @@ def pytest_sessionfinish(session):
     import platform
 
     path = session.config.getoption("--durations-json")
-    if not path or not _SECONDS or hasattr(session.config, "workerinput"):  # xdist: the controller writes it
+    if not path or not _SECONDS:
         return
     record = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_1min_at_end": round(os.getloadavg()[0], 2),
         "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "exit_status": int(session.exitstatus),  # 2: interrupted, so a partial record
-        "workers": int(getattr(session.config.option, "numprocesses", None) or 0),  # 0: all in this process
         "tests": len(_SECONDS),
         "wall_seconds": round(time.monotonic() - _STARTED, 1),
-        "seconds_in_tests": round(sum(_SECONDS.values()), 1),  # above the wall time when workers share the work
+        "seconds_in_tests": round(sum(_SECONDS.values()), 1),
         "slowest": {k: round(v, 1) for k, v in sorted(_SECONDS.items(), key=lambda kv: -kv[1])},
     }
     with open(path, "w") as fh:
