@@ -41,6 +41,8 @@ class TrainResult:
     skipped: bool
     reason: str
     stats: dict[str, float]
+    # the trained tokens each rank's own forward passes covered, rank 0 first: with N ranks, each about 1/N
+    rank_tokens: tuple[int, ...] = ()
 
 
 def _pad(rows: Sequence[Sequence[float]], n: int, dtype) -> torch.Tensor:
@@ -106,8 +108,9 @@ def accumulate(
     world: int = 1,
     skip_zero: bool = False,
     lockstep: bool = False,
-) -> tuple[float, dict[str, float]]:
-    """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats).
+) -> tuple[float, dict[str, float], int]:
+    """One minibatch's gradients, micro-batch by micro-batch: (its loss, its loss stats, the trained tokens
+    of this rank's micro-batches).
 
     `forward(micro, last)` gives the micro-batch's [B, L] log-probs (`last`: the minibatch's final
     micro-batch). Micro-batches bound activation memory; weighting each one's token-mean loss by its
@@ -127,7 +130,7 @@ def accumulate(
     if skip_zero:
         mb = [it for it in mb if not zero_advantage(it)] or mb[:micro_batch_size]
     stats_tokens = max(1, sum(sum(it.mask) for it in mb))
-    loss_sum = 0.0
+    loss_sum, forwarded = 0.0, 0
     stats_sum: dict[str, float] = {}
     starts = range(0, len(mb), micro_batch_size)
     mine: list[int | None] = list(starts[rank::world])
@@ -142,12 +145,14 @@ def accumulate(
         if m0 is None:  # a lockstep pass: its collectives, no contribution
             backward(loss * 0.0)
             continue
-        share, stats_share = mask.sum().item() / mb_tokens, mask.sum().item() / stats_tokens
+        trained = mask.sum().item()
+        share, stats_share = trained / mb_tokens, trained / stats_tokens
         backward(loss * share)
         loss_sum += loss.item() * share
+        forwarded += int(trained)
         for k, v in stats.items():
             stats_sum[k] = stats_sum.get(k, 0.0) + v * stats_share
-    return loss_sum, stats_sum
+    return loss_sum, stats_sum, forwarded
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
     t0 = time.perf_counter()
     losses: list[float] = []
     stats_acc: dict[str, list[float]] = {}
-    tokens, stopped = 0, False
+    tokens, forwarded, stopped = 0, 0, False
 
     def refused(what: str) -> tuple[TrainResult, None]:
         steps.restore()
@@ -217,7 +222,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
     try:
         for mb in minibatches(items, spec.epochs, spec.minibatch_size, spec.seed):
             steps.zero_grad()
-            loss_sum, stats = accumulate(
+            loss_sum, stats, mine = accumulate(
                 mb,
                 spec.micro_batch_size,
                 steps.forward,
@@ -228,6 +233,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
                 spec.skip_zero_advantage,
                 steps.lockstep,
             )
+            forwarded += mine
             if spec.world > 1:  # every rank decides on the whole minibatch's loss and KL
                 loss_sum, stats = all_sum(loss_sum, stats)
             if not math.isfinite(loss_sum):
@@ -244,6 +250,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
             tokens += int(sum(sum(it.mask) for it in mb))
             for k, v in (stats | ({} if gnorm is None else {"grad_norm": gnorm})).items():
                 stats_acc.setdefault(k, []).append(v)
+        rank_tokens = gather_counts(forwarded) if spec.world > 1 else (forwarded,)
         state = steps.state()
     except BaseException:  # a failed update (a rank that died, Ctrl-C) leaves the weights as they were
         steps.restore()
@@ -252,7 +259,7 @@ def train_loop(steps: Steps, items: list[TrainItem], loss_fn: Callable, spec: Tr
         steps.close()
     stats = {k: float(np.mean(v)) for k, v in stats_acc.items()} | {"early_stopped": float(stopped)}
     loss = float(np.mean(losses)) if losses else 0.0
-    return TrainResult(loss, tokens, time.perf_counter() - t0, False, "", stats), state
+    return TrainResult(loss, tokens, time.perf_counter() - t0, False, "", stats, rank_tokens), state
 
 
 def all_sum(loss: float, stats: dict[str, float]) -> tuple[float, dict[str, float]]:
@@ -267,6 +274,15 @@ def all_sum(loss: float, stats: dict[str, float]) -> tuple[float, dict[str, floa
         for k, v in st.items():
             total[k] = total.get(k, 0.0) + v
     return float(sum(p[0] for p in parts)), total
+
+
+def gather_counts(count: int) -> tuple[int, ...]:
+    """Every rank's `count`, rank 0 first."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, count)
+    return tuple(int(p) for p in parts)
 
 
 def reduce_gradients(params: list[torch.nn.Parameter]) -> None:

@@ -1,7 +1,8 @@
 """Data-parallel training ranks (`engines.train_ranks`, infra/ranks.py): 2 ranks on gloo make the update 1
-rank makes (up to float rounding), for LoRA adapters and full weights, the other agents untouched; a run
-trained on 2 ranks ends where the 1-rank run ends; a rank killed in the middle of an update fails it with
-an error naming the rank, nothing of it is written, and `--resume` finishes the run as if nothing happened."""
+rank makes (up to float rounding), each rank forwarding its share of the tokens, for LoRA adapters and full
+weights, the other agents untouched; a run trained on 2 ranks ends where the 1-rank run ends; a rank killed
+in the middle of an update fails it with an error naming the rank, nothing of it is written, and `--resume`
+finishes the run as if nothing happened."""
 
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ def test_two_ranks_make_the_one_rank_update(weights):
     with spawn_ranks(2, 1, _rank, (weights,)):
         res2, _ = train_agent(two, "a", train_items(7), LOSS, replace(SPEC, world=2))
     assert not res1.skipped and not res2.skipped and res1.tokens == res2.tokens
+    # the work was split, not repeated: the ranks' forward passes cover the one rank's tokens once, each
+    # rank about half (within one micro-batch, at most 5 tokens here, per minibatch step)
+    assert res1.rank_tokens == (res1.tokens,) and sum(res2.rank_tokens) == res1.tokens
+    steps = SPEC.epochs * -(-7 // SPEC.minibatch_size)
+    assert all(abs(f - res1.tokens / 2) <= 5 * steps for f in res2.rank_tokens) and min(res2.rank_tokens) > 0
     assert res2.loss == pytest.approx(res1.loss, rel=1e-4, abs=1e-6)
     assert res2.stats["grad_norm"] == pytest.approx(res1.stats["grad_norm"], rel=1e-4)
     start, w1, w2 = _params(_policy(weights), "a"), _params(one, "a"), _params(two, "a")

@@ -201,9 +201,9 @@ def test_lockstep_ranks_make_as_many_passes_and_a_spare_pass_adds_nothing():
         out = accumulate(items, 1, forward, loss_fn, lambda loss: weights.append(loss.item()), rank, 2, False, lockstep)
         return out, weights
 
-    (loss0, _), w0 = run(0, True)
-    (loss1, stats1), w1 = run(1, True)
-    (free1, free_stats1), wf = run(1, False)
+    (loss0, _, fwd0), w0 = run(0, True)
+    (loss1, stats1, fwd1), w1 = run(1, True)
+    (free1, free_stats1, free_fwd1), wf = run(1, False)
     order = [it.prompt_ids for it in by_prompt(items)]
     assert calls[(0, True)] == [[order[0]], [order[2]], [order[4]]]
     assert calls[(1, True)] == [[order[1]], [order[3]], [order[0]]]  # the spare pass: micro-batch 0 again
@@ -213,6 +213,8 @@ def test_lockstep_ranks_make_as_many_passes_and_a_spare_pass_adds_nothing():
     # each loss is 1 per token-mean, weighted by its share of the minibatch's tokens: the ranks' parts sum to 1
     assert loss0 + loss1 == pytest.approx(1.0)
     assert loss1 == pytest.approx((tokens[1] + tokens[3]) / sum(tokens))
+    # the spare pass forwards tokens but trains none: each rank counts its own micro-batches only
+    assert (fwd0, fwd1) == (tokens[0] + tokens[2] + tokens[4], tokens[1] + tokens[3]) and free_fwd1 == fwd1
 
 
 def test_saved_moments_are_loaded_under_the_specs_learning_rate_and_decay(policy, tmp_path):
