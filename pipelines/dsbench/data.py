@@ -13,26 +13,33 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn import datasets as skd
-from sklearn.model_selection import train_test_split
 
 from infra.errors import UsageError
 from pipelines.base import Problem
 from pipelines.dsbench import synthetic
 from pipelines.records import check_fields, records
 
+
+def _bundled(loader: str, **kw):
+    """One of scikit-learn's bundled datasets (imported on first use: scikit-learn and the SciPy it loads
+    take over a second to import, which every `teamrl` command would pay)."""
+    from sklearn import datasets
+
+    return getattr(datasets, loader)(**kw)
+
+
 # dataset -> (loader, kind)
 DATASETS = {
-    "diabetes": (lambda: skd.load_diabetes(scaled=False), "regression"),
-    "breast_cancer": (skd.load_breast_cancer, "classification"),
-    "wine": (skd.load_wine, "classification"),
-    "iris": (skd.load_iris, "classification"),
-    "digits": (skd.load_digits, "classification"),
+    "diabetes": (partial(_bundled, "load_diabetes", scaled=False), "regression"),
+    "breast_cancer": (partial(_bundled, "load_breast_cancer"), "classification"),
+    "wine": (partial(_bundled, "load_wine"), "classification"),
+    "iris": (partial(_bundled, "load_iris"), "classification"),
+    "digits": (partial(_bundled, "load_digits"), "classification"),
 }
 TARGET = "target"
 TEST_FRACTION = 0.25  # share of rows held out as test.csv
@@ -218,6 +225,8 @@ def load_tasks(path: str | Path, seed: int) -> list[DSProblem]:
 def split(problem: DSProblem, test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """(train with target, test features with `id`, hidden test target indexed by id), stratified
     for classification, deterministic from the problem's split seed."""
+    from sklearn.model_selection import train_test_split
+
     X, y = frame(problem)
     strat = y if problem.kind == "classification" else None
     X_tr, X_te, y_tr, y_te = train_test_split(

@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pandas as pd
-from sklearn import datasets as skd
 
 NAME_RE = re.compile(r"synthetic_(classification|regression)_(\d+)")
 
@@ -27,6 +26,8 @@ def kind(name: str) -> str | None:
 
 def table(name: str, seed: int) -> tuple[pd.DataFrame, np.ndarray]:
     """(features with columns feature_0.., target) of synthetic dataset `name` for run seed `seed`."""
+    from sklearn import datasets as skd
+
     m = NAME_RE.fullmatch(name)
     if not m:
         raise ValueError(f"not a synthetic dataset: {name!r} (synthetic_<classification|regression>_<k>)")
