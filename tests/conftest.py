@@ -46,6 +46,26 @@ _SECONDS: dict[str, float] = {}
 _STARTED = time.monotonic()
 
 
+_CPU: dict[str, tuple[float, float]] = {}
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds so far of this process, and of its ended children (their own ended children included)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's CPU seconds here and in the processes it started: what its wall time is not (waits)."""
+    before = _cpu()
+    yield
+    after = _cpu()
+    _CPU[item.nodeid] = (after[0] - before[0], after[1] - before[1])
+
+
 def pytest_runtest_logreport(report):
     _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
 
@@ -65,7 +85,12 @@ def pytest_sessionfinish(session):
         "tests": len(_SECONDS),
         "wall_seconds": round(time.monotonic() - _STARTED, 1),
         "seconds_in_tests": round(sum(_SECONDS.values()), 1),
-        "slowest": {k: round(v, 1) for k, v in sorted(_SECONDS.items(), key=lambda kv: -kv[1])},
+        "cpu_seconds_in_tests": [round(sum(c[i] for c in _CPU.values()), 1) for i in (0, 1)],
+        # each test's seconds, slowest first, and its CPU seconds in this process and in the ones it started
+        "slowest": {
+            k: [round(v, 1), *(round(c, 1) for c in _CPU.get(k, (0.0, 0.0)))]
+            for k, v in sorted(_SECONDS.items(), key=lambda kv: -kv[1])
+        },
     }
     with open(path, "w") as fh:
         json.dump(record, fh, indent=1)
