@@ -56,6 +56,7 @@ class Team(NamedTuple):
     tokens: int  # tokens per agent's action
     R: dict[int, np.ndarray]  # last position of an action -> (questions, 2^(h+1)) rewards by prefix through h
     ref: list[np.ndarray]  # reference logits per position, (2^h, 2)
+    ref_probs: list[np.ndarray]  # their softmax, computed once
 
     @property
     def H(self) -> int:
@@ -70,7 +71,8 @@ def random_team(rng: np.random.Generator, n: int, tokens: int, questions: int = 
     H = n * tokens
     logits = [rng.normal(size=(2**h, 2)) for h in range(H)]
     R = {(i + 1) * tokens - 1: rng.uniform(size=(questions, 2 ** ((i + 1) * tokens))) for i in range(n)}
-    return Team(n, tokens, R, [x.copy() for x in logits]), logits
+    ref = [x.copy() for x in logits]
+    return Team(n, tokens, R, ref, probs(ref)), logits
 
 
 def probs(logits: list[np.ndarray]) -> list[np.ndarray]:
@@ -81,7 +83,7 @@ def probs(logits: list[np.ndarray]) -> list[np.ndarray]:
 def values(team: Team, pi: list[np.ndarray], q: int, beta: float = 0.0) -> tuple[float, list[np.ndarray]]:
     """J and the advantages A_h(prefix, a) of question q's return, KL-shaped with beta (0: the task's)."""
     V, A = np.zeros(2**team.H), [np.empty(0)] * team.H
-    ref = probs(team.ref)
+    ref = team.ref_probs
     for h in reversed(range(team.H)):
         r = team.R[h][q].reshape(-1, 2) if h in team.R else 0.0
         Q = r - beta * np.log(pi[h] / ref[h]) + V.reshape(-1, 2)  # children of prefix p: 2p, 2p + 1
@@ -194,7 +196,7 @@ def task_rewards(team: Team, acts, pre, q) -> np.ndarray:
 
 def fit(team: Team, now, pi_b, acts, pre, q, train: np.ndarray, agent: int, eta: float, beta: float, group: int):
     """Agent's logits after one policy-gradient step on the KL-shaped returns minus their group's mean."""
-    ref, p_b = probs(team.ref), token_probs(pi_b, acts, pre)
+    ref, p_b = team.ref_probs, token_probs(pi_b, acts, pre)
     shaped = task_rewards(team, acts, pre, q) - beta * np.log(p_b / token_probs(ref, acts, pre))
     G = shaped.sum(1)
     a = G - np.repeat(G.reshape(-1, group).mean(1), group)
