@@ -42,11 +42,9 @@ def pytest_addoption(parser):
     )
 
 
-_SECONDS: dict[str, float] = {}
+_SECONDS: dict[str, float] = {}  # each test's wall seconds (setup + call + teardown)
+_CPU: dict[str, tuple[float, float]] = {}  # its CPU seconds: in this process, in the processes it started
 _STARTED = time.monotonic()
-
-
-_CPU: dict[str, tuple[float, float]] = {}
 
 
 def _cpu() -> tuple[float, float]:
