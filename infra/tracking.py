@@ -28,15 +28,20 @@ def default_tracking_uri(root: str | Path) -> str:
     return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    path = uri.split("?", 1)[0].removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    return None if path in ("", ":memory:") else Path(path)
+
+
 @contextmanager
 def store_lock(uri: str):
     """Hold `.<database>.lock` beside a SQLite store (sqlite:///<path>) for the duration, across processes;
     a no-op for other stores, whose server serialises its own schema changes."""
-    path = uri.split("?", 1)[0].removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
-    if path in ("", ":memory:"):
+    path = _sqlite_path(uri)
+    if path is None:
         yield
         return
-    lock = Path(path).parent / f".{Path(path).name}.lock"
+    lock = path.parent / f".{path.name}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -44,6 +49,49 @@ def store_lock(uri: str):
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _empty_store() -> Path:
+    """An empty SQLite store migrated by this MLflow version, made once in teamrl's cache: migrating a new
+    database takes seconds, copying a migrated one milliseconds."""
+    import mlflow
+
+    from infra.models import cache_root
+
+    template = cache_root() / "mlflow-stores" / f"empty-{mlflow.__version__}.db"
+    if template.exists():
+        return template
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    template.parent.mkdir(parents=True, exist_ok=True)
+    with store_lock(f"sqlite:///{template}"):
+        if not template.exists():
+            part = template.with_suffix(f".{os.getpid()}.part")
+            part.unlink(missing_ok=True)
+            store = SqlAlchemyStore(f"sqlite:///{part}", default_artifact_root=str(template.parent))
+            store.engine.dispose()
+            os.replace(part, template)
+    return template
+
+
+def create_store(uri: str) -> None:
+    """Create a missing SQLite store (sqlite:///<path>) as a copy of the migrated empty one, its default
+    experiment's artifacts beside it (<folder>/mlartifacts/0); the caller holds store_lock(uri). Other
+    stores are left to MLflow."""
+    import shutil
+    import sqlite3
+
+    path = _sqlite_path(uri)
+    if path is None or path.exists():
+        return
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    shutil.copyfile(_empty_store(), part)
+    with contextlib.closing(sqlite3.connect(part)) as db, db:
+        db.execute(
+            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+            ((path.parent.resolve() / "mlartifacts" / "0").as_uri(),),
+        )
+    os.replace(part, path)
 
 
 class BusyRetry:
@@ -108,6 +156,7 @@ class Tracker:
 
         self.uri = tracking_uri or default_tracking_uri(root)
         with store_lock(self.uri):  # a new store's first users would each create its tables
+            create_store(self.uri)
             self.client = BusyRetry(MlflowClient(tracking_uri=self.uri))
             self.experiment_id = exp_id = self._experiment(experiment, Path(root).resolve() / "mlartifacts")
         id_file = self.run_dir / "mlflow_run_id"

@@ -110,3 +110,43 @@ def test_calls_on_a_busy_store_are_tried_again_and_other_failures_are_not():
     with pytest.raises(MlflowException, match="database is locked"):  # still busy after every pause
         client.log_batch("r", fails=5)
     assert len(calls) == 3
+
+
+def test_a_new_store_is_a_copy_of_the_migrated_empty_one_and_matches_what_mlflow_creates(tmp_path, monkeypatch):
+    """create_store copies an empty store migrated once per MLflow version (in teamrl's cache) instead of
+    migrating each new database: the copy has MLflow's own tables and schema version, and its default
+    experiment keeps its artifacts beside the store."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    from infra.tracking import create_store, default_tracking_uri, store_lock
+
+    monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path / "cache"))
+    MlflowClient(default_tracking_uri(tmp_path / "mlflow")).search_experiments()  # migrated by MLflow itself
+
+    def schema(
+        db: Path,
+    ) -> tuple:  # tables, their columns, indexes and schema version (migrations order constraints at will)
+        with sqlite3.connect(db) as c:
+            names = c.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index') ORDER BY name")
+            names = names.fetchall()
+            columns = {n: c.execute(f"PRAGMA table_info('{n}')").fetchall() for t, n in names if t == "table"}
+            return names, columns, c.execute("SELECT version_num FROM alembic_version").fetchall()
+
+    for name in ("a", "b"):
+        uri = default_tracking_uri(tmp_path / name)
+        with store_lock(uri):
+            create_store(uri)
+        (template,) = (tmp_path / "cache" / "mlflow-stores").glob("empty-*.db")
+        if name == "a":
+            made = template.stat().st_mtime_ns
+        assert template.stat().st_mtime_ns == made  # migrated once, then only copied
+        assert schema(tmp_path / name / "mlflow.db") == schema(tmp_path / "mlflow" / "mlflow.db")
+        (default,) = MlflowClient(uri).search_experiments()
+        assert (default.name, default.artifact_location) == ("Default", (tmp_path / name / "mlartifacts/0").as_uri())
+    assert not list(tmp_path.rglob("*.part"))
+    Tracker(tmp_path / "a", tmp_path / "a", "teamrl", None, {"seed": 0}).finish()  # MLflow takes the copy as is
+    with store_lock(uri):
+        create_store(uri)  # an existing store is left as it is
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
