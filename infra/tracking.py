@@ -63,35 +63,51 @@ def _empty_store() -> Path:
         return template
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+    def migrate(part: Path) -> None:
+        SqlAlchemyStore(f"sqlite:///{part}", default_artifact_root=str(template.parent)).engine.dispose()
+
     template.parent.mkdir(parents=True, exist_ok=True)
     with store_lock(f"sqlite:///{template}"):
         if not template.exists():
-            part = template.with_suffix(f".{os.getpid()}.part")
-            part.unlink(missing_ok=True)
-            store = SqlAlchemyStore(f"sqlite:///{part}", default_artifact_root=str(template.parent))
-            store.engine.dispose()
-            os.replace(part, template)
+            _write_atomically(template, migrate)
     return template
+
+
+def _write_atomically(path: Path, write) -> None:
+    """`write(part)` a file beside `path`, then rename it to `path`: a reader never sees half a file, and a
+    failed write leaves nothing behind."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.unlink(missing_ok=True)
+    try:
+        write(part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def create_store(uri: str) -> None:
     """Create a missing SQLite store (sqlite:///<path>) as a copy of the migrated empty one, its default
     experiment's artifacts beside it (<folder>/mlartifacts/0); the caller holds store_lock(uri). Other
-    stores are left to MLflow."""
+    stores, and a store that cannot be copied, are left to MLflow."""
     import shutil
     import sqlite3
 
     path = _sqlite_path(uri)
     if path is None or path.exists():
         return
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    shutil.copyfile(_empty_store(), part)
-    with contextlib.closing(sqlite3.connect(part)) as db, db:
-        db.execute(
-            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
-            ((path.parent.resolve() / "mlartifacts" / "0").as_uri(),),
-        )
-    os.replace(part, path)
+
+    def copy(part: Path) -> None:
+        shutil.copyfile(_empty_store(), part)
+        with contextlib.closing(sqlite3.connect(part)) as db, db:
+            db.execute(
+                "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                ((path.parent.resolve() / "mlartifacts" / "0").as_uri(),),
+            )
+
+    try:
+        _write_atomically(path, copy)
+    except (OSError, sqlite3.Error) as e:  # a cache that cannot be written, a full disk: MLflow migrates it
+        log.warning("MLflow store %s not copied from the migrated empty store (%s): MLflow creates it", path, e)
 
 
 class BusyRetry:

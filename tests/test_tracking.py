@@ -150,3 +150,16 @@ def test_a_new_store_is_a_copy_of_the_migrated_empty_one_and_matches_what_mlflow
     with store_lock(uri):
         create_store(uri)  # an existing store is left as it is
     assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
+
+
+def test_a_store_that_cannot_be_copied_is_created_by_mlflow(tmp_path, monkeypatch, caplog):
+    """A cache that cannot be written (here a file where its folder should be) costs the copy, never the run."""
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r").mkdir()
+    tracker = Tracker(tmp_path / "r", tmp_path, "teamrl", None, {"seed": 0})
+    tracker.log_metrics({"x": 1.0}, step=0)
+    assert tracker.client.get_run(tracker.run_id).data.metrics == {"x": 1.0}
+    tracker.finish()
+    assert "not copied from the migrated empty store" in caplog.text
+    assert not list(tmp_path.rglob("*.part"))
