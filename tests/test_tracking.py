@@ -125,9 +125,8 @@ def test_a_new_store_is_a_copy_of_the_migrated_empty_one_and_matches_what_mlflow
     monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path / "cache"))
     MlflowClient(default_tracking_uri(tmp_path / "mlflow")).search_experiments()  # migrated by MLflow itself
 
-    def schema(
-        db: Path,
-    ) -> tuple:  # tables, their columns, indexes and schema version (migrations order constraints at will)
+    # tables, their columns, indexes and schema version (migrations order a table's constraints at will)
+    def schema(db: Path) -> tuple:
         with sqlite3.connect(db) as c:
             names = c.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index') ORDER BY name")
             names = names.fetchall()
